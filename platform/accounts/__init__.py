@@ -1,0 +1,1 @@
+"""Tenants and people: organizations, memberships, API tokens, quotas."""

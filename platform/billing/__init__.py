@@ -1,0 +1,1 @@
+"""GPU-hour billing: the usage ledger, period summaries and savings reports."""

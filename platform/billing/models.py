@@ -1,0 +1,1 @@
+"""Billing models (usage ledger, period summaries) come with the billing issue."""

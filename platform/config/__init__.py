@@ -1,0 +1,1 @@
+"""Project configuration: settings from the environment, URLs, ASGI and WSGI entry points."""

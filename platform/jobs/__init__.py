@@ -1,0 +1,1 @@
+"""Training jobs: specs, lifecycle, metrics and events, and the bridge to the engine."""

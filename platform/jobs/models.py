@@ -1,0 +1,1 @@
+"""Job models (spec, lifecycle, metrics, events) come with the jobs issue."""
