@@ -1,5 +1,6 @@
 """PlexRL's top-level entry points: the ``plexrl`` command and the ``platform/`` path helper."""
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -19,5 +20,37 @@ def add_platform_to_path() -> Path:
     return PLATFORM_DIR
 
 
-def main():
-    pass
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line and exit status 2 (scripts read the line, people the hint)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engine.cli import add_engine_commands
+
+    parser = _Parser(prog="plexrl", description="PlexRL: multiplexed RLVR training.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    add_engine_commands(sub)
+    demo = sub.add_parser("demo", help="run the demo (for now: one training run with defaults)")
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from engine.cli import cmd_train
+
+    train = build_parser().parse_args(["train"])
+    return cmd_train(train)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.cli import run
+
+    args = build_parser().parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

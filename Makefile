@@ -1,0 +1,30 @@
+# Every target sets itself up: `make test` and `make demo` create .venv and install on first use.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test demo lint clean
+
+install: $(STAMP)
+
+# Re-install only when the dependency declarations change (idempotent, fast when nothing changed).
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip setuptools wheel
+	$(PIP) install -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+test: install
+	$(VENV)/bin/pytest
+
+demo: install
+	$(VENV)/bin/plexrl demo
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

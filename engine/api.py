@@ -1,0 +1,127 @@
+"""Plain data that crosses the function API: small frozen dataclasses and tensors.
+
+Algorithm code gets these through ``engine.client``; backends receive and return them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+ROLES = ("policy", "reference")
+FUNCTIONS = (
+    "generate",
+    "forward",
+    "forward_backward",
+    "optim_step",
+    "sync_weights",
+    "save_checkpoint",
+    "load_checkpoint",
+)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1  # samples per prompt
+    temperature: float = 1.0  # 0 = greedy
+    max_tokens: int = 16
+    seed: int = 0  # seeds this call's sampling; same seed and inputs, same samples
+
+    def __post_init__(self):
+        if self.n < 1:
+            raise ValueError("n must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+
+
+@dataclass(frozen=True)
+class Completion:
+    prompt_index: int  # which prompt of the call this answers
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]  # log-prob of each sampled token under the model (temperature 1)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Sequences for ``forward`` / ``forward_backward``: a prompt and a completion per row.
+
+    Loss inputs ride along as tensors aligned with completion tokens (``[B, T]``, T the longest
+    completion, zero-padded) or per row (``advantages: [B]``).
+    """
+
+    prompts: list[list[int]]
+    completions: list[list[int]]
+    advantages: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if len(self.prompts) != len(self.completions) or not self.prompts:
+            raise ValueError("a batch needs as many prompts as completions, and at least one")
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def select(self, rows: list[int]) -> Batch:
+        """The sub-batch of ``rows`` (loss tensors trimmed to its own longest completion)."""
+        t = max(len(self.completions[i]) for i in rows) if rows else 0
+        index = torch.as_tensor(rows, dtype=torch.long)
+
+        def take(x: torch.Tensor | None, per_token: bool) -> torch.Tensor | None:
+            if x is None:
+                return None
+            x = x.index_select(0, index)
+            return x[:, :t] if per_token else x
+
+        return Batch(
+            prompts=[self.prompts[i] for i in rows],
+            completions=[self.completions[i] for i in rows],
+            advantages=take(self.advantages, False),
+            old_logprobs=take(self.old_logprobs, True),
+            ref_logprobs=take(self.ref_logprobs, True),
+        )
+
+
+@dataclass(frozen=True)
+class ForwardResult:
+    logprobs: torch.Tensor  # [B, T] per completion token, zero past each completion's end
+    mask: torch.Tensor  # [B, T] bool
+
+
+@dataclass(frozen=True)
+class LossResult:
+    loss: float
+    tokens: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        if self.lr <= 0:
+            raise ValueError("lr must be > 0")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One API call on its way to a worker group (built by the Router)."""
+
+    job: str
+    role: str
+    fn: str
+    payload: dict[str, Any]
+    estimate_s: float | None = None  # the scheduler's execution-time estimate, if it has one
+
+    @property
+    def deployment(self) -> tuple[str, str]:
+        return (self.job, self.role)

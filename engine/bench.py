@@ -1,0 +1,99 @@
+"""``plexrl bench ...``: benchmarks print a table or JSON and assert nothing about timings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmarks (print, never assert)")
+    bsub = p.add_subparsers(dest="bench_cmd", required=True)
+    e = bsub.add_parser("engine", help="router-path overhead against a direct Ray actor call")
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--calls", type=int, default=300, help="no-op calls per path")
+    e.add_argument("--fb-calls", type=int, default=30, help="forward_backward calls per path")
+    e.add_argument("--model", default="tiny-arith")
+    e.set_defaults(func=cmd_bench_engine)
+
+
+def _percentiles(samples: list[float]) -> dict[str, float]:
+    a = np.asarray(samples) * 1e3
+    return {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99))}
+
+
+def _time_calls(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def bench_engine(calls: int, fb_calls: int, model: str) -> dict:
+    import ray
+    import torch
+
+    from engine.api import Batch, OptimizerConfig, Request
+    from engine.models import resolve_model
+    from engine.router import Router
+    from engine.runtime import LocalEngine
+
+    model_dir = resolve_model(model)
+    with LocalEngine() as engine:
+        group = engine.start_group("bench-0")
+        router = Router([group])
+        router.create("bench", "policy", model_dir, trainable=True, optimizer=OptimizerConfig())
+        rank = group.ranks[0]
+        batch = Batch(prompts=[[5, 6, 7, 8, 9]] * 64, completions=[[10, 11, 12, 1]] * 64,
+                      advantages=torch.ones(64))
+        fb_payload = {"batch": batch, "loss": "grpo", "loss_config": {}}
+
+        def direct(fn, payload):
+            return lambda: ray.get(rank.execute.remote(Request("bench", "policy", fn, payload)))
+
+        def routed(fn, payload):
+            return lambda: router.call("bench", "policy", fn, payload).result()
+
+        results = {}
+        for name, fn, payload, n in (("noop", "noop", {}, calls),
+                                     ("forward_backward", "forward_backward", fb_payload, fb_calls)):
+            for warm in (direct(fn, payload), routed(fn, payload)):
+                _time_calls(warm, max(3, n // 10))
+            # interleave the two paths so machine noise hits both alike
+            d, r = [], []
+            for _ in range(n):
+                d += _time_calls(direct(fn, payload), 1)
+                r += _time_calls(routed(fn, payload), 1)
+            results[name] = {"direct": _percentiles(d), "router": _percentiles(r)}
+    noop, fb = results["noop"], results["forward_backward"]
+    over50 = noop["router"]["p50_ms"] - noop["direct"]["p50_ms"]
+    over99 = noop["router"]["p99_ms"] - noop["direct"]["p99_ms"]
+    fb_over = fb["router"]["p50_ms"] - fb["direct"]["p50_ms"]
+    return {
+        "router_overhead_p50_ms": over50,
+        "router_overhead_p99_ms": over99,
+        "forward_backward_overhead_p50_ms": fb_over,
+        "overhead_pct_of_forward_backward": 100.0 * over50 / fb["direct"]["p50_ms"],
+        "calls": {"noop": calls, "forward_backward": fb_calls},
+        "detail": results,
+    }
+
+
+def cmd_bench_engine(args: argparse.Namespace) -> int:
+    result = bench_engine(args.calls, args.fb_calls, args.model)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{'call':<18}{'path':<8}{'p50 ms':>10}{'p99 ms':>10}")
+    for name, paths in result["detail"].items():
+        for path, s in paths.items():
+            print(f"{name:<18}{path:<8}{s['p50_ms']:>10.3f}{s['p99_ms']:>10.3f}")
+    print(f"router overhead p50 {result['router_overhead_p50_ms']:.3f} ms, "
+          f"p99 {result['router_overhead_p99_ms']:.3f} ms, "
+          f"{result['overhead_pct_of_forward_backward']:.2f} % of a forward_backward")
+    return 0

@@ -1,0 +1,147 @@
+"""Engine commands of the ``plexrl`` CLI (``train``, ``models build``, ``bench engine``).
+
+The entry point that composes these with the platform's commands is ``plexrl.py`` at the top
+level; this module only registers subcommands and implements them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from engine.errors import EngineError, SpecError
+
+
+class CliError(EngineError):
+    """Bad command-line input; reported as one line with exit status 2."""
+
+
+def _is_tty() -> bool:
+    return sys.stderr.isatty()
+
+
+def _writable_dir(path: Path, field: str) -> Path:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".plexrl-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise CliError(f"{field}: cannot write to {path}: {exc.strerror or exc}") from None
+    return path
+
+
+# -- plexrl train -----------------------------------------------------------------------------
+def add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train one RLVR job on a local engine")
+    p.add_argument("--task", default="arith")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="tiny-arith", help="preset name or Hugging Face model folder")
+    p.add_argument("--out", type=Path, help="output folder (default: a new one under PLEXRL_HOME/runs)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--shuffle-rewards", action="store_true",
+                   help="negative control: permute rewards within each step")
+    p.add_argument("--prompts-per-step", type=int)
+    p.add_argument("--samples-per-prompt", type=int)
+    p.add_argument("--updates-per-step", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--kl-coef", type=float)
+    p.add_argument("--eval-every", type=int)
+    p.add_argument("--eval-size", type=int)
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from engine.models import resolve_model
+    from engine.rl.grpo import GRPOConfig
+    from engine.runtime import LocalEngine, default_run_dir, write_run_outputs
+    from engine.spec import JobSpec
+
+    overrides = {k: getattr(args, k) for k in (
+        "prompts_per_step", "samples_per_prompt", "updates_per_step", "lr", "kl_coef",
+        "eval_every", "eval_size") if getattr(args, k) is not None}
+    if args.shuffle_rewards:
+        overrides["shuffle_rewards"] = True
+    spec = JobSpec(task=args.task, model=args.model, steps=args.steps, seed=args.seed,
+                   grpo=GRPOConfig(**{**dataclasses.asdict(GRPOConfig()), **overrides}))
+    out = _writable_dir(args.out or default_run_dir(f"{spec.task}-s{spec.seed}"), "--out")
+    model_dir = resolve_model(spec.model, progress=_is_tty())
+    spec = dataclasses.replace(spec, model=str(model_dir))
+    (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+    events_path = out / "events.jsonl"
+    if events_path.exists():
+        events_path.unlink()  # a fresh run in an old folder starts a fresh log
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=spec.steps, desc="train", unit="step", disable=not _is_tty())
+
+    def on_event(event):
+        if event["kind"] == "metrics":
+            data = event["data"]
+            post = {"reward": f"{data['reward_mean']:.3f}"}
+            if "eval_accuracy" in data:
+                post["eval"] = f"{data['eval_accuracy']:.3f}"
+            bar.set_postfix(post)
+            bar.update(1)
+
+    started = time.perf_counter()
+    with LocalEngine() as engine:
+        summary = engine.run_job(out.name, spec, events_path, on_event=on_event)
+    bar.close()
+    summary = {**summary, "wall_seconds": time.perf_counter() - started, "out": str(out)}
+    write_run_outputs(events_path, out, summary)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"held-out accuracy {summary['initial_accuracy']:.3f} -> {summary['final_accuracy']:.3f} "
+              f"in {summary['wall_seconds']:.0f} s; outputs in {out}")
+    return 0
+
+
+# -- plexrl models build ------------------------------------------------------------------------
+def add_models(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="model presets")
+    msub = p.add_subparsers(dest="models_cmd", required=True)
+    b = msub.add_parser("build", help="build a preset into PLEXRL_HOME/models (deterministic)")
+    b.add_argument("preset")
+    b.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    b.set_defaults(func=cmd_models_build)
+
+
+def cmd_models_build(args: argparse.Namespace) -> int:
+    from engine.models import PRESETS, is_model_dir, preset_dir
+    from engine.models.tiny import BUILD_INFO, build_preset
+
+    if args.preset not in PRESETS:
+        raise CliError(f"preset: unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
+    path = preset_dir(args.preset)
+    if is_model_dir(path) and not args.force:
+        info = json.loads((path / BUILD_INFO).read_text())
+    else:
+        _writable_dir(path.parent, "PLEXRL_HOME")
+        info = build_preset(PRESETS[args.preset], path, progress=_is_tty())
+    print(json.dumps({"path": str(path), **{k: v for k, v in info.items() if k != "preset"}}, indent=2))
+    return 0
+
+
+def add_engine_commands(sub: argparse._SubParsersAction) -> None:
+    add_train(sub)
+    add_models(sub)
+    from engine.bench import add_bench
+
+    add_bench(sub)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed command; bad input becomes one line on stderr and exit status 2."""
+    try:
+        return args.func(args)
+    except (EngineError, SpecError) as exc:
+        print(f"plexrl: error: {exc}", file=sys.stderr)
+        return 2

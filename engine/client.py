@@ -1,0 +1,129 @@
+"""The function API algorithm code is written against (and the only part of ``engine`` it sees).
+
+    client = Client(router, events)
+    policy = client.create_model(job, "policy", "tiny-arith", trainable=True,
+                                 optimizer_config=OptimizerConfig(lr=1e-3))
+    completions = policy.generate(prompts, SamplingParams(n=8)).result()
+
+Every call returns a ``Future``; a handle is bound to a logical deployment (job, role) and does not
+know where it runs. Data crossing the API is plain tensors and the small dataclasses re-exported
+here.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from engine.api import (
+    ROLES,
+    Batch,
+    Completion,
+    ForwardResult,
+    LossResult,
+    OptimizerConfig,
+    SamplingParams,
+)
+from engine.errors import SpecError
+from engine.eventlog import EventLog
+from engine.models import resolve_model
+from engine.router import Future, Router
+
+__all__ = [
+    "Batch",
+    "Client",
+    "Completion",
+    "ForwardResult",
+    "Future",
+    "LossResult",
+    "ModelHandle",
+    "OptimizerConfig",
+    "SamplingParams",
+    "SpecError",
+]
+
+
+@lru_cache(maxsize=16)
+def _load_tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+class ModelHandle:
+    """A (job, role) deployment. Methods mirror the API functions and return futures."""
+
+    def __init__(self, router: Router, job: str, role: str, model_dir: Path):
+        self._router = router
+        self.job, self.role, self.model_dir = job, role, model_dir
+
+    def _call(self, fn: str, **payload: Any) -> Future:
+        return self._router.call(self.job, self.role, fn, payload)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Future:
+        """-> list[Completion], prompt-major: the n samples of prompt i are rows i*n .. i*n+n-1."""
+        return self._call("generate", prompts=prompts, sampling=sampling)
+
+    def forward(self, batch: Batch) -> Future:
+        """-> ForwardResult: per-token log-probs of each completion under the current weights."""
+        return self._call("forward", batch=batch)
+
+    def forward_backward(self, batch: Batch, loss: str, loss_config: dict[str, Any] | None = None) -> Future:
+        """-> LossResult; gradients accumulate until ``optim_step``."""
+        return self._call("forward_backward", batch=batch, loss=loss, loss_config=dict(loss_config or {}))
+
+    def optim_step(self) -> Future:
+        """-> {"grad_norm", "tokens"}; applies and clears the accumulated gradients."""
+        return self._call("optim_step")
+
+    def sync_weights(self) -> Future:
+        """-> {"bytes", "seconds"}; the trainer's weights become the ones ``generate`` samples from."""
+        return self._call("sync_weights")
+
+    def save_checkpoint(self, tag: str) -> Future:
+        return self._call("save_checkpoint", tag=tag)
+
+    def load_checkpoint(self, tag: str) -> Future:
+        return self._call("load_checkpoint", tag=tag)
+
+
+class Client:
+    def __init__(self, router: Router, events: EventLog | None = None):
+        self._router = router
+        self._events = events
+
+    def create_model(
+        self,
+        job: str,
+        role: str,
+        base: str,
+        *,
+        trainable: bool = False,
+        optimizer_config: OptimizerConfig | None = None,
+    ) -> ModelHandle:
+        if role not in ROLES:
+            raise SpecError("role", f"unknown role {role!r}; known: {', '.join(ROLES)}")
+        model_dir = resolve_model(base)
+        self._router.create(job, role, model_dir, trainable=trainable, optimizer=optimizer_config)
+        return ModelHandle(self._router, job, role, model_dir)
+
+    def tokenizer(self, handle_or_base: ModelHandle | str):
+        """The model's tokenizer, loaded locally from its preset or folder."""
+        if isinstance(handle_or_base, ModelHandle):
+            return _load_tokenizer(str(handle_or_base.model_dir))
+        return _load_tokenizer(str(resolve_model(handle_or_base)))
+
+    def log_metrics(self, step: int, values: dict[str, Any]) -> None:
+        """Append a step's metrics to the job's event log (durably: a step boundary)."""
+        if self._events is not None:
+            self._events.append("metrics", {"step": step, **values}, durable=True)
+
+    def log_timings(self, step: int, values: dict[str, float]) -> None:
+        """Wall-clock seconds by phase; kept apart from metrics, which must not depend on timing."""
+        if self._events is not None:
+            self._events.append("timings", {"step": step, **values})
+
+    def log(self, message: str) -> None:
+        if self._events is not None:
+            self._events.append("log", {"message": message})

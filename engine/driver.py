@@ -1,0 +1,43 @@
+"""A job's driver: the algorithm loop, run inside the engine as a Ray actor (never in a web or
+Celery process), talking to workers only through the function API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from engine.client import Client
+from engine.eventlog import EventLog
+from engine.router import Router
+from engine.spec import JobSpec
+from engine.workers.group import WorkerGroup
+
+
+@ray.remote(num_cpus=0)
+class JobDriver:
+    def __init__(self, job_id: str, spec: JobSpec, groups: list[WorkerGroup], events_path: str,
+                 threads: int = 1):
+        import torch
+
+        torch.set_num_threads(threads)
+        self.job_id, self.spec = job_id, spec
+        self.events = EventLog(Path(events_path))
+        self.client = Client(Router(groups), self.events)
+
+    def run(self) -> dict[str, Any]:
+        from engine.rl import grpo
+
+        spec = self.spec
+        self.events.append("state", {"state": "running"}, durable=True)
+        try:
+            summary = grpo.train(self.client, job=self.job_id, model=spec.model, task=spec.task,
+                                 steps=spec.steps, seed=spec.seed, config=spec.grpo)
+        except BaseException as exc:
+            self.events.append("state", {"state": "failed", "reason": f"{type(exc).__name__}: {exc}"},
+                               durable=True)
+            raise
+        self.events.append("state", {"state": "succeeded"}, durable=True)
+        self.events.append("summary", summary, durable=True)
+        return summary

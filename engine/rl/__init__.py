@@ -1,0 +1,1 @@
+"""Algorithm code (GRPO), tasks and rewards. Uses only the function API in ``engine.client``."""

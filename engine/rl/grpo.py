@@ -1,0 +1,190 @@
+"""GRPO: group-relative advantages and a PPO-clip update, written against the function API only.
+
+One step: sample ``samples_per_prompt`` answers for each of ``prompts_per_step`` problems, score
+them with the verifiable reward, normalise rewards within each prompt's group, take the
+old-policy (and, with ``kl_coef > 0``, reference) log-probs, then ``updates_per_step``
+minibatch updates, then sync the trainer's weights to the sampler. Groups whose rewards are all
+equal carry no advantage and are left out of the update (with ``kl_coef == 0`` their gradient is
+exactly zero anyway).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.client import Batch, Client, OptimizerConfig, SamplingParams, SpecError
+from engine.rl.rewards import is_well_formed_number, math_reward
+from engine.rl.tasks import get_task
+
+ADV_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    prompts_per_step: int = 512
+    samples_per_prompt: int = 8
+    updates_per_step: int = 4  # minibatches per step, one optimizer step each
+    lr: float = 1e-3
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0  # > 0 adds a frozen reference model and a k3 KL penalty
+    temperature: float = 1.0
+    max_tokens: int = 8
+    eval_every: int = 10
+    eval_size: int = 500
+    shuffle_rewards: bool = False  # negative control: permute rewards within each step
+
+    def __post_init__(self):
+        positive = ("prompts_per_step", "samples_per_prompt", "updates_per_step", "max_tokens",
+                    "eval_every", "eval_size")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise SpecError(name, "must be >= 1")
+        if self.samples_per_prompt < 2:
+            raise SpecError("samples_per_prompt", "GRPO needs at least 2 samples per prompt")
+        if not self.lr > 0:
+            raise SpecError("lr", "must be > 0")
+        if not 0 < self.clip_eps < 1:
+            raise SpecError("clip_eps", "must be in (0, 1)")
+        if self.kl_coef < 0:
+            raise SpecError("kl_coef", "must be >= 0")
+        if self.temperature <= 0:
+            raise SpecError("temperature", "must be > 0 for training rollouts")
+
+
+def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
+    """(r - mean) / (std + 1e-6) within each consecutive group (population std)."""
+    r = np.asarray(rewards, dtype=np.float64).reshape(-1, group_size)
+    adv = (r - r.mean(axis=1, keepdims=True)) / (r.std(axis=1, keepdims=True) + ADV_EPS)
+    return adv.reshape(-1)
+
+
+def evaluate(client: Client, policy, problems, tokenizer, max_tokens: int) -> dict[str, float]:
+    """Held-out greedy accuracy and the fraction of answers that are one well-formed number."""
+    prompts = [tokenizer.encode(p.prompt) for p in problems]
+    out = policy.generate(prompts, SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)).result()
+    texts = [c.text for c in out]
+    return {
+        "accuracy": float(np.mean([math_reward(t, p.answer) for t, p in zip(texts, problems, strict=True)])),
+        "well_formed": float(np.mean([is_well_formed_number(t) for t in texts])),
+    }
+
+
+def _step_seed(seed: int, step: int) -> int:
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+
+
+def train(
+    client: Client, *, job: str, model: str, task: str, steps: int, seed: int, config: GRPOConfig,
+    on_step=None,
+) -> dict[str, Any]:
+    """Run ``steps`` GRPO steps; metrics go to the job's event log. Returns the summary."""
+    task_impl = get_task(task)
+    policy = client.create_model(job, "policy", model, trainable=True,
+                                 optimizer_config=OptimizerConfig(lr=config.lr))
+    reference = client.create_model(job, "reference", model) if config.kl_coef > 0 else None
+    tokenizer = client.tokenizer(policy)
+    eval_set = task_impl.eval_set(config.eval_size)
+    G = config.samples_per_prompt
+    loss_config = {"clip_eps": config.clip_eps, "kl_coef": config.kl_coef}
+
+    initial = evaluate(client, policy, eval_set, tokenizer, config.max_tokens)
+    client.log(f"initial held-out accuracy {initial['accuracy']:.3f}")
+    evals: list[float] = []
+    for step in range(1, steps + 1):
+        t_start = time.perf_counter()
+        rng = np.random.default_rng([seed, step, 1])
+        problems = task_impl.train_batch(seed, step, config.prompts_per_step)
+        prompts = [tokenizer.encode(p.prompt) for p in problems]
+        sampling = SamplingParams(n=G, temperature=config.temperature, max_tokens=config.max_tokens,
+                                  seed=_step_seed(seed, step))
+        completions = policy.generate(prompts, sampling).result()
+        t_gen = time.perf_counter()
+
+        correct = np.array([math_reward(c.text, problems[c.prompt_index].answer) for c in completions])
+        rewards = rng.permutation(correct) if config.shuffle_rewards else correct
+        adv = group_advantages(rewards, G)
+        keep_groups = np.flatnonzero(rewards.reshape(-1, G).std(axis=1) > 0)
+        rows = (keep_groups[:, None] * G + np.arange(G)[None, :]).reshape(-1).tolist()
+        t_reward = time.perf_counter()
+
+        metrics: dict[str, Any] = {
+            "step": step,
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            "train_accuracy": float(correct.mean()),
+            "response_length": float(np.mean([len(c.token_ids) for c in completions])),
+            "groups_used": len(keep_groups) / config.prompts_per_step,
+        }
+        losses, clip_fracs, kls, kl_old, grad_norms = [], [], [], [], []
+        t_logprob = t_train = t_reward
+        if rows:
+            batch = Batch(
+                prompts=[prompts[completions[i].prompt_index] for i in rows],
+                completions=[completions[i].token_ids for i in rows],
+                advantages=torch.as_tensor(adv[rows], dtype=torch.float32),
+            )
+            old_f = policy.forward(batch)
+            ref_f = reference.forward(batch) if reference is not None else None
+            batch = Batch(
+                prompts=batch.prompts, completions=batch.completions, advantages=batch.advantages,
+                old_logprobs=old_f.result().logprobs,
+                ref_logprobs=ref_f.result().logprobs if ref_f is not None else None,
+            )
+            t_logprob = time.perf_counter()
+            order = rng.permutation(len(rows))
+            futures = []
+            for chunk in np.array_split(order, config.updates_per_step):
+                if len(chunk):
+                    futures.append((policy.forward_backward(batch.select(chunk.tolist()), "grpo", loss_config),
+                                    policy.optim_step()))
+            for fb, opt in futures:
+                result, stepped = fb.result(), opt.result()
+                losses.append(result.loss)
+                clip_fracs.append(result.metrics["clip_frac"])
+                kl_old.append(result.metrics["kl_old"])
+                if "kl_ref" in result.metrics:
+                    kls.append(result.metrics["kl_ref"])
+                grad_norms.append(stepped["grad_norm"])
+            t_train = time.perf_counter()
+        policy.sync_weights().result()
+        t_sync = time.perf_counter()
+
+        metrics.update({
+            "loss": float(np.mean(losses)) if losses else 0.0,
+            # KL to the frozen reference when there is one, else to the policy that sampled the step
+            "kl": float(np.mean(kls)) if kls else (float(np.mean(kl_old)) if kl_old else 0.0),
+            "clip_frac": float(np.mean(clip_fracs)) if clip_fracs else 0.0,
+            "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
+        })
+        if step % config.eval_every == 0 or step == steps:
+            result = evaluate(client, policy, eval_set, tokenizer, config.max_tokens)
+            metrics["eval_accuracy"] = result["accuracy"]
+            metrics["eval_well_formed"] = result["well_formed"]
+            evals.append(result["accuracy"])
+        t_end = time.perf_counter()
+        client.log_metrics(step, metrics)
+        client.log_timings(step, {
+            "generate": t_gen - t_start, "reward": t_reward - t_gen, "logprobs": t_logprob - t_reward,
+            "train": t_train - t_logprob, "sync": t_sync - t_train, "eval": t_end - t_sync,
+            "step": t_end - t_start,
+        })
+        if on_step is not None:
+            on_step(step, metrics)
+
+    final = float(np.mean(evals[-3:])) if evals else initial["accuracy"]
+    return {
+        "initial_accuracy": initial["accuracy"],
+        "initial_well_formed": initial["well_formed"],
+        "final_accuracy": final,
+        "accuracy_gain": final - initial["accuracy"],
+        "steps": steps,
+        "seed": seed,
+        "task": task,
+        "model": model,
+        "config": asdict(config),
+    }

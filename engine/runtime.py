@@ -1,0 +1,121 @@
+"""A local engine: Ray started in this process, long-lived worker groups, jobs run by drivers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from engine.eventlog import read_events
+from engine.paths import plexrl_home
+from engine.spec import JobSpec
+from engine.workers.backend import BackendKind
+from engine.workers.group import DEVICE_RESOURCE, WorkerGroup
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    devices: int = 2  # logical device slots on this node (one per core on a CPU machine)
+    threads_per_rank: int = 2  # torch intra-op threads of every WPG rank, fixed for determinism
+    num_cpus: int = 2
+
+
+def start_ray(config: EngineConfig) -> None:
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local-only cluster, no token files
+    ray.init(
+        num_cpus=config.num_cpus,
+        resources={DEVICE_RESOURCE: config.devices},
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+        configure_logging=False,
+        namespace="plexrl",
+    )
+
+
+class LocalEngine:
+    """Ray plus the worker groups of one node; ``with LocalEngine() as engine: engine.run_job(...)``."""
+
+    def __init__(self, config: EngineConfig | None = None, *, data_dir: Path | None = None):
+        self.config = config or EngineConfig()
+        self.data_dir = Path(data_dir) if data_dir else plexrl_home()
+        self.groups: list[WorkerGroup] = []
+        self._owns_ray = False
+
+    def __enter__(self) -> LocalEngine:
+        self._owns_ray = not ray.is_initialized()
+        start_ray(self.config)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def start_group(self, name: str, kind: BackendKind | str = BackendKind.TORCH, world_size: int = 1) -> WorkerGroup:
+        group = WorkerGroup.start(name, kind, world_size=world_size, threads=self.config.threads_per_rank,
+                                  data_dir=self.data_dir)
+        self.groups.append(group)
+        return group
+
+    def shutdown(self) -> None:
+        for g in self.groups:
+            g.shutdown()
+        self.groups.clear()
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+
+    def run_job(
+        self, job_id: str, spec: JobSpec, events_path: Path,
+        on_event: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.2,
+    ) -> dict[str, Any]:
+        """Run one job's driver to completion, feeding each new event to ``on_event``."""
+        from engine.driver import JobDriver
+
+        if not self.groups:
+            self.start_group("torch-0")
+        driver = JobDriver.options(name=f"driver:{job_id}").remote(job_id, spec, self.groups, str(events_path))
+        ref = driver.run.remote()
+        seen = 0
+        try:
+            while True:
+                ready, _ = ray.wait([ref], timeout=poll_s)
+                for event in read_events(events_path, after_seq=seen):
+                    seen = event["seq"]
+                    if on_event is not None:
+                        on_event(event)
+                if ready:
+                    return ray.get(ref)
+        finally:
+            ray.kill(driver)
+
+
+def write_run_outputs(events_path: Path, out: Path, summary: dict[str, Any]) -> None:
+    """Derive metrics.jsonl (timing-free), timings.jsonl and summary.json from the event log."""
+    events = read_events(events_path)
+    with (out / "metrics.jsonl").open("w") as f:
+        for e in events:
+            if e["kind"] == "metrics":
+                f.write(json.dumps(e["data"]) + "\n")
+    with (out / "timings.jsonl").open("w") as f:
+        for e in events:
+            if e["kind"] == "timings":
+                f.write(json.dumps(e["data"]) + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def default_run_dir(prefix: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = plexrl_home() / "runs" / f"{prefix}-{stamp}"
+    path, i = base, 1
+    while path.exists():
+        i += 1
+        path = base.with_name(f"{base.name}-{i}")
+    return path

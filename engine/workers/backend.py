@@ -1,0 +1,56 @@
+"""The backend interface a worker group rank implements, and the registry that picks one by name.
+
+Called by ``WorkerRank.execute`` (engine/workers/group.py), one call at a time per rank, in the
+order the router submitted them.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, ClassVar
+
+from engine.api import OptimizerConfig
+
+Deployment = tuple[str, str]  # (job, role)
+
+
+class BackendKind(enum.StrEnum):
+    TORCH = "torch"
+
+
+class Backend(ABC):
+    #: API functions this backend can execute (the router only sends these).
+    serves: ClassVar[frozenset[str]]
+
+    def __init__(self, *, rank: int, world_size: int, data_dir: Path):
+        self.rank, self.world_size, self.data_dir = rank, world_size, Path(data_dir)
+
+    @abstractmethod
+    def create(
+        self,
+        deployment: Deployment,
+        model_dir: Path,
+        *,
+        trainable: bool,
+        optimizer: OptimizerConfig | None,
+    ) -> dict[str, Any]:
+        """Make a deployment's state resident from its base model; returns facts (params, bytes)."""
+
+    @abstractmethod
+    def execute(self, deployment: Deployment, fn: str, payload: dict[str, Any]) -> Any:
+        """Run one API function for one deployment whose state is resident here."""
+
+    @abstractmethod
+    def drop(self, deployment: Deployment) -> None:
+        """Release a deployment's state."""
+
+
+def backend_class(kind: BackendKind | str) -> type[Backend]:
+    kind = BackendKind(kind)
+    if kind is BackendKind.TORCH:
+        from engine.workers.torch_backend import TorchBackend
+
+        return TorchBackend
+    raise ValueError(f"no backend {kind!r}")  # pragma: no cover - the enum exhausts the cases

@@ -1,0 +1,93 @@
+"""Worker process groups on Ray: ``WorkerRank`` actors and the ``WorkerGroup`` handle over them.
+
+A WPG is created once by the engine runtime and outlives jobs; the router sends it requests.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from engine.api import OptimizerConfig, Request
+from engine.workers.backend import BackendKind, backend_class
+
+NOOP = "noop"  # a call that does nothing in the rank: probes the call path (liveness, overhead)
+DEVICE_RESOURCE = "device"  # per-node custom resource: one slot per accelerator (or CPU slot)
+
+
+@ray.remote(num_cpus=0)
+class WorkerRank:
+    """One rank of a WPG. Executes calls one at a time, in submission order (Ray actor order)."""
+
+    def __init__(self, kind: str, rank: int, world_size: int, threads: int, data_dir: str):
+        import torch
+
+        # Pinned so results do not depend on where (or beside what) the actor runs.
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        self.rank = rank
+        self.backend = backend_class(kind)(rank=rank, world_size=world_size, data_dir=Path(data_dir))
+
+    def create(self, deployment, model_dir: str, trainable: bool, optimizer: OptimizerConfig | None):
+        return self.backend.create(
+            tuple(deployment), Path(model_dir), trainable=trainable, optimizer=optimizer
+        )
+
+    def drop(self, deployment) -> None:
+        self.backend.drop(tuple(deployment))
+
+    def execute(self, request: Request) -> Any:
+        if request.fn == NOOP:
+            return None
+        return self.backend.execute(request.deployment, request.fn, request.payload)
+
+    def info(self) -> dict[str, Any]:
+        import torch
+
+        return {"pid": os.getpid(), "threads": torch.get_num_threads(), "rank": self.rank}
+
+    def ping(self) -> None:
+        return None
+
+
+@dataclass
+class WorkerGroup:
+    """Handle over a WPG's ranks; picklable, so it can be handed to a job's driver actor."""
+
+    name: str
+    kind: BackendKind
+    ranks: list[Any]  # WorkerRank actor handles
+    serves: frozenset[str]
+
+    @classmethod
+    def start(
+        cls, name: str, kind: BackendKind | str = BackendKind.TORCH, *, world_size: int = 1,
+        threads: int = 2, data_dir: Path, devices_per_rank: float = 1.0,
+    ) -> WorkerGroup:
+        kind = BackendKind(kind)
+        ranks = [
+            WorkerRank.options(
+                name=f"wpg:{name}:{rank}", resources={DEVICE_RESOURCE: devices_per_rank}
+            ).remote(kind.value, rank, world_size, threads, str(data_dir))
+            for rank in range(world_size)
+        ]
+        ray.get([r.ping.remote() for r in ranks])
+        return cls(name=name, kind=kind, ranks=ranks, serves=backend_class(kind).serves)
+
+    def create(self, deployment, model_dir: Path, *, trainable: bool, optimizer: OptimizerConfig | None):
+        refs = [r.create.remote(deployment, str(model_dir), trainable, optimizer) for r in self.ranks]
+        return ray.get(refs)[0]
+
+    def submit(self, request: Request) -> ray.ObjectRef:
+        """Every rank executes the call (SPMD); rank 0's result is the call's result."""
+        refs = [r.execute.remote(request) for r in self.ranks]
+        return refs[0]
+
+    def shutdown(self) -> None:
+        for r in self.ranks:
+            ray.kill(r)
+

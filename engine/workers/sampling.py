@@ -1,0 +1,109 @@
+"""Token sampling and per-token log-probs for Hugging Face causal LMs (the torch backend's core).
+
+Log-probs returned for sampled tokens are those of the model's own distribution (temperature 1),
+the same quantity ``sequence_logprobs`` computes on a full forward pass, so rollout log-probs,
+old-policy log-probs and trainer log-probs are directly comparable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.as_tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def sample(
+    model,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_tokens: int,
+    temperature: float,
+    eos_id: int,
+    pad_id: int,
+    generator: torch.Generator | None,
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Sample one completion per prompt (greedy when ``temperature == 0``).
+
+    Returns token ids (ending in EOS unless ``max_tokens`` was reached) and each token's log-prob.
+    """
+    ids, mask = left_pad(prompts, pad_id)
+    batch = ids.shape[0]
+    position = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
+    next_pos = position[:, -1:] + 1
+    done = torch.zeros(batch, dtype=torch.bool)
+    tokens = torch.full((batch, max_tokens), pad_id, dtype=torch.long)
+    logps = torch.zeros((batch, max_tokens), dtype=torch.float32)
+    lengths = torch.zeros(batch, dtype=torch.long)
+    for t in range(max_tokens):
+        logits = out.logits[:, -1, :].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        if temperature == 0:
+            tok = logits.argmax(dim=-1)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        live = ~done
+        tokens[live, t] = tok[live]
+        logps[live, t] = logp[live].gather(-1, tok[live, None]).squeeze(-1)
+        lengths += live.long()
+        done = done | (tok == eos_id)
+        if bool(done.all()) or t == max_tokens - 1:
+            break
+        step_tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        mask = torch.cat([mask, live.long()[:, None]], dim=1)
+        out = model(
+            input_ids=step_tok[:, None],
+            attention_mask=mask,
+            position_ids=next_pos,
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
+        next_pos = next_pos + 1
+    n = lengths.tolist()
+    return (
+        [tokens[i, : n[i]].tolist() for i in range(batch)],
+        [logps[i, : n[i]].tolist() for i in range(batch)],
+    )
+
+
+def sequence_logprobs(
+    model, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of each completion token given its prompt, on one padded forward pass.
+
+    Returns ``(logprobs [B, T], mask [B, T])`` where T is the longest completion; sequences are
+    right-padded so completion token j of every row sits at column j.
+    """
+    seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        attn[i, : len(s)] = 1
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    logp_all = torch.log_softmax(logits[:, :-1, :], dim=-1)
+    targets = ids[:, 1:]
+    token_logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # [B, width-1]
+    t_max = max(len(c) for c in completions)
+    prompt_lens = torch.as_tensor([len(p) for p in prompts], dtype=torch.long)
+    comp_lens = torch.as_tensor([len(c) for c in completions], dtype=torch.long)
+    cols = torch.arange(t_max)
+    # completion token j of row i is predicted at position len(prompt_i) - 1 + j
+    index = (prompt_lens[:, None] - 1 + cols[None, :]).clamp(max=token_logp.shape[1] - 1)
+    mask = cols[None, :] < comp_lens[:, None]
+    out = token_logp.gather(1, index) * mask
+    return out, mask

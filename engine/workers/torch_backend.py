@@ -1,0 +1,194 @@
+"""Plain PyTorch / transformers backend: serves every API function on one rank.
+
+Each deployment keeps two copies of its weights: the trainer's (updated by ``optim_step``) and the
+rollout copy that ``generate`` uses; ``sync_weights`` makes the trainer's the rollout's, so a job
+samples from exactly the weights it last synced, as it would with a separate rollout engine.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.api import (
+    FUNCTIONS,
+    Batch,
+    Completion,
+    ForwardResult,
+    LossResult,
+    OptimizerConfig,
+    SamplingParams,
+)
+from engine.losses import get_loss
+from engine.workers.backend import Backend, Deployment
+from engine.workers.sampling import sample, sequence_logprobs
+
+
+@dataclass
+class _State:
+    model: torch.nn.Module  # trainer weights
+    rollout: torch.nn.Module  # weights generate() samples from
+    tokenizer: Any
+    optimizer: torch.optim.Optimizer | None
+    optimizer_config: OptimizerConfig | None
+    pending_tokens: int = 0  # tokens whose gradients are accumulated and not yet applied
+
+
+def _state_bytes(module: torch.nn.Module) -> int:
+    # parameters() yields tied weights once, state_dict() twice
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+class TorchBackend(Backend):
+    serves = frozenset(FUNCTIONS)
+
+    def __init__(self, *, rank: int, world_size: int, data_dir: Path):
+        if world_size != 1:
+            raise ValueError("the torch backend runs on one rank")
+        super().__init__(rank=rank, world_size=world_size, data_dir=data_dir)
+        self.states: dict[Deployment, _State] = {}
+
+    # -- residency ---------------------------------------------------------------------------
+    def create(self, deployment, model_dir, *, trainable, optimizer):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model.eval()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if trainable:
+            cfg = optimizer or OptimizerConfig()
+            opt = torch.optim.AdamW(
+                model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+            )
+            rollout = copy.deepcopy(model)
+        else:
+            for p in model.parameters():
+                p.requires_grad_(False)
+            cfg, opt, rollout = None, None, model
+        self.states[deployment] = _State(model, rollout, tokenizer, opt, cfg)
+        return {"params": sum(p.numel() for p in model.parameters()), "bytes": _state_bytes(model)}
+
+    def drop(self, deployment):
+        self.states.pop(deployment, None)
+
+    def execute(self, deployment, fn, payload):
+        state = self.states.get(deployment)
+        if state is None:
+            raise KeyError(f"deployment {deployment} is not resident on this worker")
+        if fn not in self.serves:
+            raise ValueError(f"unknown function {fn!r}")
+        return getattr(self, f"_{fn}")(deployment, state, **payload)
+
+    # -- API functions -----------------------------------------------------------------------
+    def _generate(self, deployment, state, *, prompts: list[list[int]], sampling: SamplingParams):
+        expanded = [p for p in prompts for _ in range(sampling.n)]
+        gen = torch.Generator().manual_seed(sampling.seed)
+        tok = state.tokenizer
+        ids, logps = sample(
+            state.rollout, expanded, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+            eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=gen,
+        )
+        texts = tok.batch_decode(ids, skip_special_tokens=True)
+        return [
+            Completion(prompt_index=i // sampling.n, token_ids=t, text=s, logprobs=lp)
+            for i, (t, s, lp) in enumerate(zip(ids, texts, logps, strict=True))
+        ]
+
+    def _forward(self, deployment, state, *, batch: Batch):
+        with torch.no_grad():
+            logp, mask = sequence_logprobs(
+                state.model, batch.prompts, batch.completions, state.tokenizer.pad_token_id
+            )
+        return ForwardResult(logprobs=logp, mask=mask)
+
+    def _require_trainable(self, deployment, state) -> torch.optim.Optimizer:
+        if state.optimizer is None:
+            raise ValueError(f"deployment {deployment} was created with trainable=False")
+        return state.optimizer
+
+    def _forward_backward(self, deployment, state, *, batch: Batch, loss: str, loss_config: dict):
+        self._require_trainable(deployment, state)
+        loss_fn = get_loss(loss)
+        logp, mask = sequence_logprobs(
+            state.model, batch.prompts, batch.completions, state.tokenizer.pad_token_id
+        )
+        value, metrics = loss_fn(logp, mask, batch, loss_config)
+        value.backward()
+        tokens = int(mask.sum())
+        state.pending_tokens += tokens
+        return LossResult(loss=value.item(), tokens=tokens, metrics=metrics)
+
+    def _optim_step(self, deployment, state):
+        opt = self._require_trainable(deployment, state)
+        params = [p for p in state.model.parameters() if p.grad is not None]
+        clip = state.optimizer_config.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tokens, state.pending_tokens = state.pending_tokens, 0
+        return {"grad_norm": float(norm), "tokens": tokens}
+
+    def _sync_weights(self, deployment, state):
+        started = time.perf_counter()
+        if state.rollout is not state.model:
+            with torch.no_grad():
+                for dst, src in zip(state.rollout.parameters(), state.model.parameters(), strict=True):
+                    dst.copy_(src)
+        return {"bytes": _state_bytes(state.model), "seconds": time.perf_counter() - started}
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def _checkpoint_dir(self, deployment, tag: str) -> Path:
+        job, role = deployment
+        return self.data_dir / "checkpoints" / job / role / tag
+
+    def _save_checkpoint(self, deployment, state, *, tag: str):
+        path = self._checkpoint_dir(deployment, tag)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        weights = {k: v.contiguous() for k, v in state.model.state_dict().items()}
+        # tied embeddings share storage; safetensors wants each tensor once
+        if state.model.config.tie_word_embeddings:
+            weights.pop("lm_head.weight", None)
+        save_file(weights, tmp / "model.safetensors")
+        if state.optimizer is not None:
+            save_file(_optimizer_tensors(state.model, state.optimizer), tmp / "optimizer.safetensors")
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+        return {"path": str(path)}
+
+    def _load_checkpoint(self, deployment, state, *, tag: str):
+        path = self._checkpoint_dir(deployment, tag)
+        if not (path / "model.safetensors").is_file():
+            raise FileNotFoundError(f"no checkpoint {tag!r} for {deployment}")
+        weights = load_file(path / "model.safetensors")
+        state.model.load_state_dict(weights, strict=False)
+        if state.optimizer is not None and (path / "optimizer.safetensors").is_file():
+            _load_optimizer_tensors(state.model, state.optimizer, load_file(path / "optimizer.safetensors"))
+        self._sync_weights(deployment, state)  # a restored job samples from what it saved
+        return {"path": str(path)}
+
+
+def _optimizer_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    out: dict[str, torch.Tensor] = {}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            for key, value in opt.state.get(p, {}).items():
+                t = value if torch.is_tensor(value) else torch.tensor(value)
+                out[f"{names[id(p)]}::{key}"] = t.detach().clone().contiguous()
+    return out
+
+
+def _load_optimizer_tensors(model, opt, tensors: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    for key, value in tensors.items():
+        name, field = key.split("::")
+        opt.state[params[name]][field] = value.clone()
