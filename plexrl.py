@@ -24,7 +24,8 @@ class _Parser(argparse.ArgumentParser):
     """Usage errors as one line and exit status 2 (scripts read the line, people the hint)."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        # A subcommand's parser is "plexrl train": its errors still start "plexrl: error:".
+        self.exit(2, f"{self.prog.split()[0]}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ class EventLog:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_torn_tail(self.path)  # else the next append would glue onto the torn line
         last = read_events(self.path)
         self.seq = last[-1]["seq"] if last else 0
         self._file = self.path.open("a", encoding="utf-8")
@@ -43,6 +44,8 @@ def read_events(path: Path, after_seq: int = 0, limit: int | None = None) -> lis
     out: list[dict[str, Any]] = []
     with path.open(encoding="utf-8") as f:
         for line in f:
+            if not line.endswith("\n"):
+                break  # torn, even if what was written so far happens to parse
             try:
                 event = json.loads(line)
             except json.JSONDecodeError:
@@ -52,3 +55,22 @@ def read_events(path: Path, after_seq: int = 0, limit: int | None = None) -> lis
                 if limit is not None and len(out) >= limit:
                     break
     return out
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Truncate ``path`` after its last whole line (one that ends in a newline and parses)."""
+    if not path.exists():
+        return
+    valid = 0
+    with path.open("rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                json.loads(line)
+            except ValueError:
+                break
+            valid += len(line)
+    if valid < path.stat().st_size:
+        with path.open("r+b") as f:
+            f.truncate(valid)

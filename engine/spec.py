@@ -50,5 +50,8 @@ class JobSpec:
             bad = sorted(set(grpo) - fields)
             if bad:
                 raise SpecError(f"grpo.{bad[0]}", "unknown field")
-            grpo = GRPOConfig(**grpo)
+            try:
+                grpo = GRPOConfig(**grpo)
+            except SpecError as exc:  # name the field as the caller spelled it: grpo.lr, not lr
+                raise SpecError(f"grpo.{exc.field}", exc.message) from None
         return cls(grpo=grpo, **data)
