@@ -1,0 +1,176 @@
+"""Fixtures for the engine tests.
+
+Unit tests use none of the session fixtures below and never start Ray. The integration tests share
+one temporary ``PLEXRL_HOME``, one small ``tiny-arith`` build (30 supervised steps: a model that
+answers in the right form, which is all plumbing tests need), one Ray instance and one worker
+group for the whole session; every test uses its own job name, so deployments never collide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Variables that would change what a ``plexrl`` subprocess does; it gets only the ones a test sets.
+ENGINE_ENV = {"PLEXRL_HOME", "RAY_ADDRESS", "PYTHONHASHSEED", "PYTHONPATH", "CUDA_VISIBLE_DEVICES"}
+
+CliRunner = Callable[..., subprocess.CompletedProcess]
+
+
+# --- a tiny random Qwen2 for the sampling tests (no Ray, no files) ------------------------------
+
+TINY_VOCAB = 32
+TINY_PAD, TINY_EOS = 0, 1
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen():
+    """A randomly initialised 2-layer Qwen2 (vocab 32, pad 0, EOS 1), seeded, in eval mode.
+
+    A large init scale makes its next-token distributions far from uniform, so greedy decoding is
+    unambiguous and EOS shows up within a few tokens for some prompts.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+        pad_token_id=TINY_PAD,
+        eos_token_id=TINY_EOS,
+        bos_token_id=TINY_EOS,
+    )
+    torch.manual_seed(1234)
+    model = Qwen2ForCausalLM(config).float().eval()
+    return model
+
+
+# --- the session's data directory, model, Ray instance and worker group -------------------------
+
+
+@pytest.fixture(scope="session")
+def plexrl_home(tmp_path_factory) -> Iterator[Path]:
+    """A temporary PLEXRL_HOME, set in this process's environment for the whole session."""
+    home = tmp_path_factory.mktemp("plexrl-home")
+    previous = os.environ.get("PLEXRL_HOME")
+    os.environ["PLEXRL_HOME"] = str(home)
+    yield home
+    if previous is None:
+        os.environ.pop("PLEXRL_HOME", None)
+    else:
+        os.environ["PLEXRL_HOME"] = previous
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(plexrl_home) -> Path:
+    """The ``tiny-arith`` preset, built with a 30-step supervised phase into PLEXRL_HOME/models.
+
+    It sits where the preset resolves, so both ``"tiny-arith"`` and this path name it. One thread:
+    the full preset's two threads gain nothing on a model this small and fight other processes.
+    """
+    from engine.models.tiny import TINY_ARITH, build_preset
+
+    preset = dataclasses.replace(TINY_ARITH, sft_steps=30, eval_size=50, threads=1)
+    path = plexrl_home / "models" / TINY_ARITH.name
+    build_preset(preset, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def ray_engine(plexrl_home) -> Iterator[None]:
+    """Ray, started once for the session the way the engine starts it (and shut down at the end)."""
+    import ray
+
+    from engine.runtime import EngineConfig, start_ray
+
+    owned = not ray.is_initialized()
+    # A RAY_ADDRESS inherited from the caller would attach the tests to somebody else's cluster.
+    saved_address = os.environ.pop("RAY_ADDRESS", None)
+    start_ray(EngineConfig())
+    yield
+    if owned:
+        ray.shutdown()
+    if saved_address is not None:
+        os.environ["RAY_ADDRESS"] = saved_address
+
+
+WORKER_THREADS = 1  # pinned torch threads of the session's worker rank
+
+
+@pytest.fixture(scope="session")
+def worker_group(ray_engine, plexrl_home, tiny_model_dir):
+    """One torch worker group (a single rank) for every integration test."""
+    from engine.workers.group import WorkerGroup
+
+    group = WorkerGroup.start("test-torch-0", threads=WORKER_THREADS, data_dir=plexrl_home)
+    yield group
+    group.shutdown()
+
+
+@pytest.fixture(scope="session")
+def worker_threads() -> int:
+    return WORKER_THREADS
+
+
+@pytest.fixture
+def router(worker_group):
+    """A router of its own (no placements yet) over the session's worker group."""
+    from engine.router import Router
+
+    return Router([worker_group])
+
+
+@pytest.fixture
+def client(router):
+    """The function API over ``router``."""
+    from engine.client import Client
+
+    return Client(router)
+
+
+@pytest.fixture
+def job(request) -> str:
+    """A job name unique to this test (deployments stay resident in the worker for the session)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name)
+
+
+# --- running the ``plexrl`` command -------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def run_plexrl() -> CliRunner:
+    """Run ``python -m plexrl ARGS`` in a fresh process from the repository root.
+
+    ``run_plexrl(*args, env={...}, timeout=...)``: the process inherits this environment minus the
+    engine variables, plus ``env``.
+    """
+
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+        base = {k: v for k, v in os.environ.items() if k not in ENGINE_ENV}
+        return subprocess.run(
+            [sys.executable, "-m", "plexrl", *args],
+            cwd=REPO,
+            env={**base, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run

@@ -1,0 +1,125 @@
+"""The ``plexrl`` command end to end: a short training run's outputs, reproducibility across
+processes, and bad input rejected in one line before any engine starts."""
+
+import json
+import math
+
+import pytest
+
+TRAIN_FLAGS = [
+    "--task", "arith", "--steps", "2", "--seed", "0",
+    "--prompts-per-step", "16", "--samples-per-prompt", "4", "--eval-every", "1", "--eval-size", "20", "--json",
+]
+METRIC_KEYS = {"step", "reward_mean", "train_accuracy", "loss", "kl", "response_length", "eval_accuracy"}
+HASH_SEEDS = ("0", "12345")
+
+
+@pytest.fixture(scope="module")
+def train_runs(run_plexrl, tiny_model_dir, plexrl_home, tmp_path_factory) -> dict:
+    """The same two-step run in two fresh processes with different hash seeds: {hash seed: out dir}."""
+    runs = {}
+    for hash_seed in HASH_SEEDS:
+        out = tmp_path_factory.mktemp(f"train-hash{hash_seed}") / "out"
+        result = run_plexrl(
+            "train", *TRAIN_FLAGS, "--model", str(tiny_model_dir), "--out", str(out),
+            env={"PLEXRL_HOME": str(plexrl_home), "PYTHONHASHSEED": hash_seed},
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[hash_seed] = (out, result)
+    return runs
+
+
+def _rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_train_writes_metrics_timings_and_summary(train_runs, tiny_model_dir):
+    out, result = train_runs[HASH_SEEDS[0]]
+    metrics = _rows(out / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2]
+    for row in metrics:
+        assert set(row) >= METRIC_KEYS, METRIC_KEYS - set(row)
+        assert 0 <= row["reward_mean"] <= 1
+        assert 0 <= row["train_accuracy"] <= 1
+        assert 0 <= row["eval_accuracy"] <= 1
+        assert 1 <= row["response_length"] <= 8
+        assert all(math.isfinite(row[k]) for k in METRIC_KEYS)
+    assert len(_rows(out / "timings.jsonl")) == 2
+
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("initial_accuracy", "final_accuracy"):
+        assert isinstance(summary[key], float)
+        assert 0 <= summary[key] <= 1
+    assert summary["steps"] == 2
+    assert summary["seed"] == 0
+    assert summary["wall_seconds"] > 0
+    # the final accuracy is the mean of the last (up to) three evaluations
+    assert summary["final_accuracy"] == pytest.approx(sum(m["eval_accuracy"] for m in metrics[-3:]) / len(metrics[-3:]))
+    # --json prints the summary that was written
+    assert json.loads(result.stdout) == summary
+    spec = json.loads((out / "spec.json").read_text())
+    assert spec["model"] == str(tiny_model_dir.resolve())
+    assert spec["grpo"]["prompts_per_step"] == 16
+    states = [e["data"]["state"] for e in _rows(out / "events.jsonl") if e["kind"] == "state"]
+    assert states == ["running", "succeeded"]
+
+
+@pytest.mark.xfail(reason="grpo.train logs its step time as 'step', which overwrites log_timings' step number",
+                   strict=True)
+def test_timings_keep_their_step_number(train_runs):
+    out, _ = train_runs[HASH_SEEDS[0]]
+    assert [t["step"] for t in _rows(out / "timings.jsonl")] == [1, 2]
+
+
+def test_train_is_reproducible_across_processes(train_runs):
+    a, b = (train_runs[s][0] / "metrics.jsonl" for s in HASH_SEEDS)
+    assert a.read_bytes() == b.read_bytes()
+    summaries = [json.loads((train_runs[s][0] / "summary.json").read_text()) for s in HASH_SEEDS]
+    for key in ("initial_accuracy", "final_accuracy", "accuracy_gain", "config"):
+        assert summaries[0][key] == summaries[1][key]
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+BAD_INPUT = {
+    "unknown-task": (["train", "--task", "nope"], "task: unknown task 'nope'"),
+    "zero-steps": (["train", "--steps", "0"], "steps: must be a positive integer, got 0"),
+    "negative-steps": (["train", "--steps", "-3"], "steps: must be a positive integer, got -3"),
+    "bad-grpo-value": (["train", "--samples-per-prompt", "1"], "samples_per_prompt"),
+    "missing-model": (["train", "--steps", "1", "--model", "/nonexistent/dir"], "'/nonexistent/dir'"),
+    "out-in-proc": (["train", "--steps", "1", "--out", "/proc/forbidden"], "--out: cannot write to /proc/forbidden"),
+    "unknown-preset": (["models", "build", "nope"], "unknown preset 'nope'"),
+    "unknown-subcommand": (["nope"], "invalid choice: 'nope'"),
+    "no-subcommand": ([], "required: command"),
+    "unknown-flag": (["train", "--bogus"], "unrecognized arguments: --bogus"),
+    "not-an-int": (["train", "--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
+}
+
+
+def _assert_one_line_error(result, expected: str):
+    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("plexrl: error: "), lines[0]
+    assert expected in lines[0]
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(("argv", "expected"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_is_one_line_and_exit_status_2(run_plexrl, tmp_path, argv, expected):
+    # RAY_ADDRESS points nowhere: a command that got as far as starting the engine would fail loudly
+    env = {"PLEXRL_HOME": str(tmp_path / "home"), "RAY_ADDRESS": "127.0.0.1:9"}
+    result = run_plexrl(*argv, env=env, timeout=120)
+    _assert_one_line_error(result, expected)
+    assert not (tmp_path / "home" / "models").exists()  # no preset was built on the way
+
+
+def test_out_under_a_file_is_rejected(run_plexrl, tmp_path, tiny_model_dir):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {"PLEXRL_HOME": str(tmp_path / "home"), "RAY_ADDRESS": "127.0.0.1:9"}
+    result = run_plexrl("train", "--steps", "1", "--model", str(tiny_model_dir), "--out", str(blocker / "out"),
+                        env=env, timeout=120)
+    _assert_one_line_error(result, f"--out: cannot write to {blocker / 'out'}")

@@ -1,0 +1,107 @@
+"""The per-job event log: append-only JSON lines, read by cursor, resumable after a crash."""
+
+import json
+
+import pytest
+
+from engine.client import Client
+from engine.eventlog import EventLog, read_events
+
+
+@pytest.fixture
+def path(tmp_path):
+    return tmp_path / "job" / "events.jsonl"  # the folder does not exist yet
+
+
+def _fill(path, n: int) -> EventLog:
+    log = EventLog(path)
+    for i in range(n):
+        log.append("metrics", {"step": i + 1, "value": i * 0.5}, durable=i % 2 == 0)
+    return log
+
+
+def test_append_and_read(path):
+    log = _fill(path, 3)
+    assert log.seq == 3
+    events = read_events(path)
+    assert [e["seq"] for e in events] == [1, 2, 3]
+    assert [e["kind"] for e in events] == ["metrics"] * 3
+    assert events[2]["data"] == {"step": 3, "value": 1.0}
+    assert all(isinstance(e["ts"], float) for e in events)
+    log.close()
+
+
+def test_read_by_cursor_and_limit(path):
+    _fill(path, 5).close()
+    assert [e["seq"] for e in read_events(path, after_seq=2)] == [3, 4, 5]
+    assert [e["seq"] for e in read_events(path, after_seq=2, limit=2)] == [3, 4]
+    assert [e["seq"] for e in read_events(path, limit=1)] == [1]
+    assert read_events(path, after_seq=5) == []
+    assert read_events(path.with_name("missing.jsonl")) == []
+
+
+def test_a_consumer_paging_by_cursor_sees_every_event_once(path):
+    _fill(path, 7).close()
+    seen, cursor = [], 0
+    while page := read_events(path, after_seq=cursor, limit=3):
+        seen += [e["seq"] for e in page]
+        cursor = page[-1]["seq"]
+    assert seen == list(range(1, 8))
+
+
+def test_seq_continues_after_reopening(path):
+    _fill(path, 2).close()
+    log = EventLog(path)
+    assert log.seq == 2
+    assert log.append("state", {"state": "running"}) == 3
+    log.close()
+    assert [e["seq"] for e in read_events(path)] == [1, 2, 3]
+
+
+def test_torn_last_line_is_ignored(path):
+    _fill(path, 3).close()
+    with path.open("a") as f:
+        f.write('{"seq": 4, "kind": "metr')  # the process died mid-write
+    assert [e["seq"] for e in read_events(path)] == [1, 2, 3]
+
+
+def test_resuming_after_a_torn_line_keeps_new_events_readable(path):
+    _fill(path, 3).close()
+    with path.open("a") as f:
+        f.write('{"seq": 4, "kind": "metr')
+    log = EventLog(path)
+    assert log.seq == 3
+    assert log.append("state", {"state": "running"}) == 4
+    assert log.append("log", {"message": "resumed"}) == 5
+    log.close()
+    events = read_events(path)
+    assert [e["seq"] for e in events] == [1, 2, 3, 4, 5]
+    assert events[3]["data"] == {"state": "running"}
+    # every line on disk is one whole event
+    assert [json.loads(line)["seq"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def test_client_logs_metrics_timings_and_lines(path):
+    log = EventLog(path)
+    client = Client(router=None, events=log)  # logging needs no worker
+    client.log_metrics(1, {"reward_mean": 0.5})
+    client.log_timings(1, {"generate": 1.25})
+    client.log("hello")
+    log.close()
+    events = read_events(path)
+    assert [(e["kind"], e["data"]) for e in events] == [
+        ("metrics", {"step": 1, "reward_mean": 0.5}),
+        ("timings", {"step": 1, "generate": 1.25}),
+        ("log", {"message": "hello"}),
+    ]
+
+
+def test_a_last_line_without_its_newline_is_torn_too(path):
+    _fill(path, 2).close()
+    with path.open("a") as f:
+        f.write(json.dumps({"seq": 3, "kind": "log", "ts": 0.0, "data": {}}))  # died before the "\n"
+    assert [e["seq"] for e in read_events(path)] == [1, 2]
+    log = EventLog(path)
+    assert log.append("log", {"message": "again"}) == 3
+    log.close()
+    assert [e["data"] for e in read_events(path)][-1] == {"message": "again"}

@@ -1,0 +1,109 @@
+"""Token sampling and sequence log-probs on a tiny random Qwen2 (fixture ``tiny_qwen``).
+
+Three quantities must agree for GRPO's ratios to mean anything: the log-probs ``sample`` returns
+while decoding with a KV cache and left padding, ``sequence_logprobs`` on one right-padded forward
+pass, and transformers' own greedy decoding.
+"""
+
+import pytest
+import torch
+
+from engine.workers.sampling import left_pad, sample, sequence_logprobs
+
+PAD, EOS = 0, 1
+# Prompts of different lengths, no special tokens inside.
+PROMPTS = [[5, 9, 2], [7], [3, 4, 5, 6, 7, 8, 9, 10], [30, 31], [12, 20, 12, 20, 12]]
+
+
+def _sample(model, prompts, *, temperature=1.0, max_tokens=8, seed=0):
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    return sample(model, prompts, max_tokens=max_tokens, temperature=temperature,
+                  eos_id=EOS, pad_id=PAD, generator=gen)
+
+
+def test_left_pad():
+    ids, mask = left_pad([[5, 6, 7], [8], []], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1], [0, 0, 0]]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_sampled_logprobs_equal_a_full_forward_pass(tiny_qwen, temperature):
+    prompts = PROMPTS * 3
+    tokens, logps = _sample(tiny_qwen, prompts, temperature=temperature)
+    assert [len(t) for t in tokens] == [len(lp) for lp in logps]
+    assert all(tokens), "every completion has at least one token"
+    with torch.no_grad():
+        ref, mask = sequence_logprobs(tiny_qwen, prompts, tokens, PAD)
+    assert mask.tolist() == [[j < len(t) for j in range(mask.shape[1])] for t in tokens]
+    got = torch.zeros_like(ref)
+    for i, lp in enumerate(logps):
+        got[i, : len(lp)] = torch.tensor(lp)
+    # log-probs are always the model's own (temperature 1), whatever temperature sampled them
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    assert (ref[~mask] == 0).all()
+
+
+def test_completions_end_at_eos_or_max_tokens(tiny_qwen):
+    tokens, _ = _sample(tiny_qwen, PROMPTS * 4, max_tokens=6)
+    for t in tokens:
+        assert 1 <= len(t) <= 6
+        assert EOS not in t[:-1], "nothing is sampled after EOS"
+        assert t[-1] == EOS or len(t) == 6
+    assert any(t[-1] == EOS for t in tokens), "the fixture model should stop sometimes"
+    assert any(len(t) == 6 and t[-1] != EOS for t in tokens), "and run to max_tokens sometimes"
+
+
+def test_greedy_matches_transformers_generate(tiny_qwen):
+    for prompt in PROMPTS:
+        tokens, _ = _sample(tiny_qwen, [prompt], temperature=0.0, max_tokens=8, seed=None)
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = tiny_qwen.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
+                eos_token_id=EOS, pad_token_id=PAD,
+            )
+        expected = out[0, len(prompt):].tolist()
+        if EOS in expected:  # generate stops the row at EOS (no padding with one row)
+            expected = expected[: expected.index(EOS) + 1]
+        assert tokens[0] == expected, prompt
+
+
+def test_left_padding_does_not_change_results(tiny_qwen):
+    short = [7, 3]
+    longer = [[3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [20, 21, 22, 23, 24, 25]]
+    alone_tokens, alone_logps = _sample(tiny_qwen, [short], temperature=0.0)
+    batch_tokens, batch_logps = _sample(tiny_qwen, [*longer, short], temperature=0.0)
+    assert batch_tokens[-1] == alone_tokens[0]
+    torch.testing.assert_close(torch.tensor(batch_logps[-1]), torch.tensor(alone_logps[0]), atol=1e-5, rtol=0)
+    # and the longer prompts get what they get alone, too
+    for i, prompt in enumerate(longer):
+        assert batch_tokens[i] == _sample(tiny_qwen, [prompt], temperature=0.0)[0][0]
+
+
+def test_same_seed_same_samples(tiny_qwen):
+    a = _sample(tiny_qwen, PROMPTS * 4, seed=11)
+    b = _sample(tiny_qwen, PROMPTS * 4, seed=11)
+    c = _sample(tiny_qwen, PROMPTS * 4, seed=12)
+    assert a == b
+    assert a[0] != c[0]
+
+
+def test_temperature_zero_ignores_the_generator(tiny_qwen):
+    assert _sample(tiny_qwen, PROMPTS, temperature=0.0, seed=1) == _sample(tiny_qwen, PROMPTS, temperature=0.0, seed=2)
+
+
+def test_sequence_logprobs_layout(tiny_qwen):
+    prompts = [[5, 9, 2], [7]]
+    completions = [[4], [8, 6, 1]]
+    with torch.no_grad():
+        logp, mask = sequence_logprobs(tiny_qwen, prompts, completions, PAD)
+        assert logp.shape == mask.shape == (2, 3)
+        assert mask.tolist() == [[True, False, False], [True, True, True]]
+        # column j of row i is log p(completion[i][j] | prompt + completion[:j]), row by row alone
+        for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+            full = torch.tensor([p + c])
+            logits = tiny_qwen(input_ids=full).logits[0].float().log_softmax(-1)
+            expected = torch.stack([logits[len(p) - 1 + j, tok] for j, tok in enumerate(c)])
+            torch.testing.assert_close(logp[i, : len(c)], expected, atol=1e-5, rtol=0)
+    assert (logp <= 0).all()
