@@ -106,10 +106,19 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.99)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    warmup_steps: int = 0  # optimizer steps of linear learning-rate warm-up
 
     def __post_init__(self):
         if self.lr <= 0:
             raise ValueError("lr must be > 0")
+        if self.warmup_steps < 0:
+            raise ValueError("warmup_steps must be >= 0")
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step ``step`` (0-based)."""
+        if self.warmup_steps and step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        return self.lr
 
 
 @dataclass(frozen=True)

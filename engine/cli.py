@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,15 @@ def _writable_dir(path: Path, field: str) -> Path:
     return path
 
 
+def _check_writable(path: Path, field: str) -> None:
+    """Fail if ``path`` could not be created and written, without creating anything."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise CliError(f"{field}: cannot write to {path}: {probe} is not a writable directory")
+
+
 # -- plexrl train -----------------------------------------------------------------------------
 def add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one RLVR job on a local engine")
@@ -50,6 +60,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples-per-prompt", type=int)
     p.add_argument("--updates-per-step", type=int)
     p.add_argument("--lr", type=float)
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--temperature", type=float)
     p.add_argument("--kl-coef", type=float)
     p.add_argument("--eval-every", type=int)
     p.add_argument("--eval-size", type=int)
@@ -63,14 +75,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     from engine.spec import JobSpec
 
     overrides = {k: getattr(args, k) for k in (
-        "prompts_per_step", "samples_per_prompt", "updates_per_step", "lr", "kl_coef",
+        "prompts_per_step", "samples_per_prompt", "updates_per_step", "lr", "warmup_steps", "temperature", "kl_coef",
         "eval_every", "eval_size") if getattr(args, k) is not None}
     if args.shuffle_rewards:
         overrides["shuffle_rewards"] = True
     spec = JobSpec(task=args.task, model=args.model, steps=args.steps, seed=args.seed,
                    grpo=GRPOConfig(**{**dataclasses.asdict(GRPOConfig()), **overrides}))
-    out = _writable_dir(args.out or default_run_dir(f"{spec.task}-s{spec.seed}"), "--out")
+    out = args.out or default_run_dir(f"{spec.task}-s{spec.seed}")
+    _check_writable(out, "--out")  # before the model may be built, so bad input fails fast
     model_dir = resolve_model(spec.model, progress=_is_tty())
+    _writable_dir(out, "--out")
     spec = dataclasses.replace(spec, model=str(model_dir))
     (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
     events_path = out / "events.jsonl"

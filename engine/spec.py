@@ -31,8 +31,10 @@ class JobSpec:
             raise SpecError("seed", f"must be a non-negative integer, got {self.seed!r}")
         if self.algorithm not in ALGORITHMS:
             raise SpecError("algorithm", f"unknown algorithm {self.algorithm!r}; known: {', '.join(ALGORITHMS)}")
-        if not self.model:
+        if not self.model or not isinstance(self.model, str):
             raise SpecError("model", "is required")
+        if not isinstance(self.grpo, GRPOConfig):
+            raise SpecError("grpo", f"must be a GRPO config, got {type(self.grpo).__name__}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -10,6 +10,7 @@ exactly zero anyway).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -30,6 +31,7 @@ class GRPOConfig:
     samples_per_prompt: int = 8
     updates_per_step: int = 4  # minibatches per step, one optimizer step each
     lr: float = 1e-3
+    warmup_steps: int = 0  # RL steps of linear learning-rate warm-up
     clip_eps: float = 0.2
     kl_coef: float = 0.0  # > 0 adds a frozen reference model and a k3 KL penalty
     temperature: float = 1.0
@@ -39,6 +41,13 @@ class GRPOConfig:
     shuffle_rewards: bool = False  # negative control: permute rewards within each step
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kind = type(f.default)
+            # bool is an int subclass: accept exact types only, ints where floats are expected
+            ok = type(value) is kind or (kind is float and type(value) is int)
+            if not ok:
+                raise SpecError(f.name, f"must be {kind.__name__}, got {type(value).__name__} {value!r}")
         positive = ("prompts_per_step", "samples_per_prompt", "updates_per_step", "max_tokens",
                     "eval_every", "eval_size")
         for name in positive:
@@ -85,7 +94,8 @@ def train(
     """Run ``steps`` GRPO steps; metrics go to the job's event log. Returns the summary."""
     task_impl = get_task(task)
     policy = client.create_model(job, "policy", model, trainable=True,
-                                 optimizer_config=OptimizerConfig(lr=config.lr))
+                                 optimizer_config=OptimizerConfig(
+                                     lr=config.lr, warmup_steps=config.warmup_steps * config.updates_per_step))
     reference = client.create_model(job, "reference", model) if config.kl_coef > 0 else None
     tokenizer = client.tokenizer(policy)
     eval_set = task_impl.eval_set(config.eval_size)
@@ -171,7 +181,7 @@ def train(
         client.log_timings(step, {
             "generate": t_gen - t_start, "reward": t_reward - t_gen, "logprobs": t_logprob - t_reward,
             "train": t_train - t_logprob, "sync": t_sync - t_train, "eval": t_end - t_sync,
-            "step": t_end - t_start,
+            "total": t_end - t_start,
         })
         if on_step is not None:
             on_step(step, metrics)

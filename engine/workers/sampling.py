@@ -33,22 +33,30 @@ def sample(
     eos_id: int,
     pad_id: int,
     generator: torch.Generator | None,
+    n: int = 1,
 ) -> tuple[list[list[int]], list[list[float]]]:
-    """Sample one completion per prompt (greedy when ``temperature == 0``).
+    """Sample ``n`` completions per prompt (greedy when ``temperature == 0``), prompt-major.
 
-    Returns token ids (ending in EOS unless ``max_tokens`` was reached) and each token's log-prob.
+    Each prompt is prefilled once and its KV cache repeated ``n`` times. Returns token ids (ending
+    in EOS unless ``max_tokens`` was reached) and each token's log-prob.
     """
     ids, mask = left_pad(prompts, pad_id)
-    batch = ids.shape[0]
     position = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
+    cache, logits = out.past_key_values, out.logits[:, -1, :]
     next_pos = position[:, -1:] + 1
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+        logits = logits.repeat_interleave(n, dim=0)
+        mask = mask.repeat_interleave(n, dim=0)
+        next_pos = next_pos.repeat_interleave(n, dim=0)
+    batch = logits.shape[0]
     done = torch.zeros(batch, dtype=torch.bool)
     tokens = torch.full((batch, max_tokens), pad_id, dtype=torch.long)
     logps = torch.zeros((batch, max_tokens), dtype=torch.float32)
     lengths = torch.zeros(batch, dtype=torch.long)
     for t in range(max_tokens):
-        logits = out.logits[:, -1, :].float()
+        logits = logits.float()
         logp = torch.log_softmax(logits, dim=-1)
         if temperature == 0:
             tok = logits.argmax(dim=-1)
@@ -68,14 +76,15 @@ def sample(
             input_ids=step_tok[:, None],
             attention_mask=mask,
             position_ids=next_pos,
-            past_key_values=out.past_key_values,
+            past_key_values=cache,
             use_cache=True,
         )
+        cache, logits = out.past_key_values, out.logits[:, -1, :]
         next_pos = next_pos + 1
-    n = lengths.tolist()
+    lens = lengths.tolist()
     return (
-        [tokens[i, : n[i]].tolist() for i in range(batch)],
-        [logps[i, : n[i]].tolist() for i in range(batch)],
+        [tokens[i, : lens[i]].tolist() for i in range(batch)],
+        [logps[i, : lens[i]].tolist() for i in range(batch)],
     )
 
 

@@ -30,6 +30,8 @@ from engine.losses import get_loss
 from engine.workers.backend import Backend, Deployment
 from engine.workers.sampling import sample, sequence_logprobs
 
+STEPS_KEY = "__optimizer_steps__"
+
 
 @dataclass
 class _State:
@@ -39,6 +41,7 @@ class _State:
     optimizer: torch.optim.Optimizer | None
     optimizer_config: OptimizerConfig | None
     pending_tokens: int = 0  # tokens whose gradients are accumulated and not yet applied
+    steps: int = 0  # optimizer steps taken
 
 
 def _state_bytes(module: torch.nn.Module) -> int:
@@ -88,12 +91,11 @@ class TorchBackend(Backend):
 
     # -- API functions -----------------------------------------------------------------------
     def _generate(self, deployment, state, *, prompts: list[list[int]], sampling: SamplingParams):
-        expanded = [p for p in prompts for _ in range(sampling.n)]
         gen = torch.Generator().manual_seed(sampling.seed)
         tok = state.tokenizer
         ids, logps = sample(
-            state.rollout, expanded, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
-            eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=gen,
+            state.rollout, prompts, n=sampling.n, max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=gen,
         )
         texts = tok.batch_decode(ids, skip_special_tokens=True)
         return [
@@ -130,10 +132,14 @@ class TorchBackend(Backend):
         params = [p for p in state.model.parameters() if p.grad is not None]
         clip = state.optimizer_config.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        lr = state.optimizer_config.lr_at(state.steps)
+        for group in opt.param_groups:
+            group["lr"] = lr
         opt.step()
+        state.steps += 1
         opt.zero_grad(set_to_none=True)
         tokens, state.pending_tokens = state.pending_tokens, 0
-        return {"grad_norm": float(norm), "tokens": tokens}
+        return {"grad_norm": float(norm), "tokens": tokens, "lr": lr}
 
     def _sync_weights(self, deployment, state):
         started = time.perf_counter()
@@ -158,7 +164,9 @@ class TorchBackend(Backend):
             weights.pop("lm_head.weight", None)
         save_file(weights, tmp / "model.safetensors")
         if state.optimizer is not None:
-            save_file(_optimizer_tensors(state.model, state.optimizer), tmp / "optimizer.safetensors")
+            tensors = _optimizer_tensors(state.model, state.optimizer)
+            tensors[STEPS_KEY] = torch.tensor(state.steps)  # the warm-up schedule resumes where it was
+            save_file(tensors, tmp / "optimizer.safetensors")
         if path.exists():
             shutil.rmtree(path)
         tmp.rename(path)
@@ -169,9 +177,18 @@ class TorchBackend(Backend):
         if not (path / "model.safetensors").is_file():
             raise FileNotFoundError(f"no checkpoint {tag!r} for {deployment}")
         weights = load_file(path / "model.safetensors")
-        state.model.load_state_dict(weights, strict=False)
-        if state.optimizer is not None and (path / "optimizer.safetensors").is_file():
-            _load_optimizer_tensors(state.model, state.optimizer, load_file(path / "optimizer.safetensors"))
+        missing, unexpected = state.model.load_state_dict(weights, strict=False)
+        tied = {"lm_head.weight"} if state.model.config.tie_word_embeddings else set()
+        if unexpected or set(missing) - tied:
+            raise ValueError(f"checkpoint {tag!r} does not fit {deployment}: missing {sorted(set(missing) - tied)}, "
+                             f"unexpected {sorted(unexpected)}")
+        if state.optimizer is not None:
+            state.optimizer.zero_grad(set_to_none=True)  # gradients accumulated before the load are void
+            state.pending_tokens = 0
+            if (path / "optimizer.safetensors").is_file():
+                tensors = load_file(path / "optimizer.safetensors")
+                state.steps = int(tensors.pop(STEPS_KEY, torch.tensor(0)))
+                _load_optimizer_tensors(state.model, state.optimizer, tensors)
         self._sync_weights(deployment, state)  # a restored job samples from what it saved
         return {"path": str(path)}
 

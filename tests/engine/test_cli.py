@@ -64,8 +64,6 @@ def test_train_writes_metrics_timings_and_summary(train_runs, tiny_model_dir):
     assert states == ["running", "succeeded"]
 
 
-@pytest.mark.xfail(reason="grpo.train logs its step time as 'step', which overwrites log_timings' step number",
-                   strict=True)
 def test_timings_keep_their_step_number(train_runs):
     out, _ = train_runs[HASH_SEEDS[0]]
     assert [t["step"] for t in _rows(out / "timings.jsonl")] == [1, 2]
