@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -34,15 +34,6 @@ def _writable_dir(path: Path, field: str) -> Path:
     except OSError as exc:
         raise CliError(f"{field}: cannot write to {path}: {exc.strerror or exc}") from None
     return path
-
-
-def _check_writable(path: Path, field: str) -> None:
-    """Fail if ``path`` could not be created and written, without creating anything."""
-    probe = path
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise CliError(f"{field}: cannot write to {path}: {probe} is not a writable directory")
 
 
 # -- plexrl train -----------------------------------------------------------------------------
@@ -82,9 +73,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     spec = JobSpec(task=args.task, model=args.model, steps=args.steps, seed=args.seed,
                    grpo=GRPOConfig(**{**dataclasses.asdict(GRPOConfig()), **overrides}))
     out = args.out or default_run_dir(f"{spec.task}-s{spec.seed}")
-    _check_writable(out, "--out")  # before the model may be built, so bad input fails fast
-    model_dir = resolve_model(spec.model, progress=_is_tty())
-    _writable_dir(out, "--out")
+    created = not out.exists()
+    _writable_dir(out, "--out")  # before the model may be built, so bad input fails fast
+    try:
+        model_dir = resolve_model(spec.model, progress=_is_tty())
+    except EngineError:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)  # leave no empty run folder behind
+        raise
     spec = dataclasses.replace(spec, model=str(model_dir))
     (out / "spec.json").write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
     events_path = out / "events.jsonl"

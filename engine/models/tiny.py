@@ -10,7 +10,6 @@ base is weak (held-out greedy accuracy well below what RL reaches) but answers i
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -37,10 +36,12 @@ class TinyPreset:
     num_kv_heads: int = 2
     head_dim: int = 32  # vLLM's CPU attention rejects 16
     max_positions: int = 64
-    sft_steps: int = 400
+    sft_steps: int = 1200
     sft_batch: int = 128
     sft_lr: float = 2e-3
     sft_warmup: float = 0.05
+    sft_decay: float = 0.05  # final fraction of steps over which the rate falls linearly to zero
+    sft_weight_decay: float = 0.1  # keeps the annealed base stable under RL learning rates
     seed: int = 0
     eval_size: int = 500
     threads: int = 2
@@ -88,13 +89,17 @@ def make_model(preset: TinyPreset, vocab_size: int, tokenizer):
     return Qwen2ForCausalLM(config)
 
 
-def lr_at(step: int, total: int, peak: float, warmup_frac: float) -> float:
-    """Linear warm-up, then cosine decay that reaches exactly zero at the last step."""
+def lr_at(step: int, total: int, peak: float, warmup_frac: float, decay_frac: float) -> float:
+    """Warm-up, stable, decay (WSD): linear warm-up, constant peak, linear decay reaching exactly
+    zero at the last step. A short final decay anneals the model without the long low-rate tail of
+    a cosine schedule, which sharpens it so much that any later fine-tuning first undoes it."""
     warm = max(1, int(total * warmup_frac))
+    decay = max(2, int(total * decay_frac))
     if step < warm:
         return peak * (step + 1) / warm
-    progress = (step - warm) / max(1, total - 1 - warm)
-    return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    if step < total - decay:
+        return peak
+    return peak * (total - 1 - step) / (decay - 1)
 
 
 def _sft_batch(tokenizer, problems: list[Problem]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -141,13 +146,14 @@ def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False) -> di
     tokenizer = train_tokenizer(corpus)
     vocab = ((len(tokenizer) + 7) // 8) * 8
     model = make_model(preset, vocab, tokenizer)
-    opt = torch.optim.AdamW(model.parameters(), lr=preset.sft_lr, betas=(0.9, 0.98), weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=preset.sft_lr, betas=(0.9, 0.98),
+                            weight_decay=preset.sft_weight_decay)
     model.train()
     bar = tqdm(range(preset.sft_steps), desc=f"build {preset.name}", disable=not progress, unit="step")
     loss_value = float("nan")
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, preset.sft_steps, preset.sft_lr, preset.sft_warmup)
+            group["lr"] = lr_at(step, preset.sft_steps, preset.sft_lr, preset.sft_warmup, preset.sft_decay)
         ids, attn, labels = _sft_batch(tokenizer, sample_problems(rng, preset.sft_batch))
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad(set_to_none=True)
@@ -160,7 +166,7 @@ def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False) -> di
     info = {
         "preset": asdict(preset),
         "final_sft_loss": loss_value,
-        "final_lr": lr_at(preset.sft_steps - 1, preset.sft_steps, preset.sft_lr, preset.sft_warmup),
+        "final_lr": lr_at(preset.sft_steps - 1, preset.sft_steps, preset.sft_lr, preset.sft_warmup, preset.sft_decay),
         "held_out_accuracy": metrics["accuracy"],
         "held_out_well_formed": metrics["well_formed"],
         "build_seconds": time.perf_counter() - started,

@@ -29,8 +29,8 @@ ADV_EPS = 1e-6
 class GRPOConfig:
     prompts_per_step: int = 512
     samples_per_prompt: int = 8
-    updates_per_step: int = 4  # minibatches per step, one optimizer step each
-    lr: float = 1e-3
+    updates_per_step: int = 8  # minibatches per step, one optimizer step each
+    lr: float = 3e-4
     warmup_steps: int = 0  # RL steps of linear learning-rate warm-up
     clip_eps: float = 0.2
     kl_coef: float = 0.0  # > 0 adds a frozen reference model and a k3 KL penalty

@@ -107,3 +107,15 @@ def test_sequence_logprobs_layout(tiny_qwen):
             expected = torch.stack([logits[len(p) - 1 + j, tok] for j, tok in enumerate(c)])
             torch.testing.assert_close(logp[i, : len(c)], expected, atol=1e-5, rtol=0)
     assert (logp <= 0).all()
+
+
+def test_n_samples_share_one_prefill_and_equal_repeated_prompts(tiny_qwen):
+    """``n`` completions per prompt (prefill once, cache repeated) equal sampling each prompt n times."""
+    n = 3
+    shared = sample(tiny_qwen, PROMPTS, n=n, max_tokens=8, temperature=1.0, eos_id=EOS, pad_id=PAD,
+                    generator=torch.Generator().manual_seed(5))
+    repeated = sample(tiny_qwen, [p for p in PROMPTS for _ in range(n)], max_tokens=8, temperature=1.0,
+                      eos_id=EOS, pad_id=PAD, generator=torch.Generator().manual_seed(5))
+    assert shared[0] == repeated[0]
+    for a, b in zip(shared[1], repeated[1], strict=True):
+        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)

@@ -1,0 +1,27 @@
+"""The preset's supervised schedule converges: warm-up, a stable peak, and a decay that ends at zero."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+
+from engine.models.tiny import TINY_ARITH, lr_at
+
+
+@pytest.mark.parametrize(("total", "warm", "decay"), [(1200, 0.05, 0.05), (30, 0.05, 0.05), (100, 0.1, 0.3)])
+def test_schedule_warms_holds_and_decays_to_zero(total, warm, decay):
+    peak = 2e-3
+    rates = [lr_at(s, total, peak, warm, decay) for s in range(total)]
+    assert rates[-1] == 0.0
+    assert max(rates) == pytest.approx(peak)
+    top = rates.index(max(rates))
+    assert all(a <= b for a, b in pairwise(rates[: top + 1]))  # warm-up rises
+    assert all(a >= b for a, b in pairwise(rates[top:]))  # never rises again
+    assert all(r > 0 for r in rates[:-1])
+
+
+def test_preset_decays_to_zero_within_its_own_steps():
+    p = TINY_ARITH
+    assert lr_at(p.sft_steps - 1, p.sft_steps, p.sft_lr, p.sft_warmup, p.sft_decay) == 0.0
+    assert p.head_dim >= 32  # vLLM's CPU attention rejects smaller heads
