@@ -5,6 +5,7 @@ Algorithm code gets these through ``engine.client``; backends receive and return
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,17 +108,22 @@ class OptimizerConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     warmup_steps: int = 0  # optimizer steps of linear learning-rate warm-up
+    decay_steps: int = 0  # if set, cosine decay to zero at this optimizer step (0: constant rate)
 
     def __post_init__(self):
         if self.lr <= 0:
             raise ValueError("lr must be > 0")
-        if self.warmup_steps < 0:
-            raise ValueError("warmup_steps must be >= 0")
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError("warmup_steps and decay_steps must be >= 0")
 
     def lr_at(self, step: int) -> float:
         """Learning rate of optimizer step ``step`` (0-based)."""
         if self.warmup_steps and step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
+        if self.decay_steps:
+            span = max(1, self.decay_steps - 1 - self.warmup_steps)
+            progress = min(1.0, (step - self.warmup_steps) / span)
+            return self.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
         return self.lr
 
 

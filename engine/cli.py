@@ -52,6 +52,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--updates-per-step", type=int)
     p.add_argument("--lr", type=float)
     p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--lr-schedule", choices=["cosine", "constant"])
     p.add_argument("--temperature", type=float)
     p.add_argument("--kl-coef", type=float)
     p.add_argument("--eval-every", type=int)
@@ -66,8 +67,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from engine.spec import JobSpec
 
     overrides = {k: getattr(args, k) for k in (
-        "prompts_per_step", "samples_per_prompt", "updates_per_step", "lr", "warmup_steps", "temperature", "kl_coef",
-        "eval_every", "eval_size") if getattr(args, k) is not None}
+        "prompts_per_step", "samples_per_prompt", "updates_per_step", "lr", "warmup_steps", "lr_schedule",
+        "temperature", "kl_coef", "eval_every", "eval_size") if getattr(args, k) is not None}
     if args.shuffle_rewards:
         overrides["shuffle_rewards"] = True
     spec = JobSpec(task=args.task, model=args.model, steps=args.steps, seed=args.seed,

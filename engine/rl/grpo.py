@@ -23,6 +23,7 @@ from engine.rl.rewards import is_well_formed_number, math_reward
 from engine.rl.tasks import get_task
 
 ADV_EPS = 1e-6
+LR_SCHEDULES = ("cosine", "constant")
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,9 @@ class GRPOConfig:
     prompts_per_step: int = 512
     samples_per_prompt: int = 8
     updates_per_step: int = 8  # minibatches per step, one optimizer step each
-    lr: float = 3e-4
-    warmup_steps: int = 0  # RL steps of linear learning-rate warm-up
+    lr: float = 5e-4
+    warmup_steps: int = 5  # RL steps of linear learning-rate warm-up
+    lr_schedule: str = "cosine"  # "cosine": decay to zero over the run's steps; "constant"
     clip_eps: float = 0.2
     kl_coef: float = 0.0  # > 0 adds a frozen reference model and a k3 KL penalty
     temperature: float = 1.0
@@ -63,6 +65,10 @@ class GRPOConfig:
             raise SpecError("kl_coef", "must be >= 0")
         if self.temperature <= 0:
             raise SpecError("temperature", "must be > 0 for training rollouts")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise SpecError("lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}")
+        if self.warmup_steps < 0:
+            raise SpecError("warmup_steps", "must be >= 0")
 
 
 def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
@@ -93,9 +99,10 @@ def train(
 ) -> dict[str, Any]:
     """Run ``steps`` GRPO steps; metrics go to the job's event log. Returns the summary."""
     task_impl = get_task(task)
-    policy = client.create_model(job, "policy", model, trainable=True,
-                                 optimizer_config=OptimizerConfig(
-                                     lr=config.lr, warmup_steps=config.warmup_steps * config.updates_per_step))
+    U = config.updates_per_step
+    optimizer = OptimizerConfig(lr=config.lr, warmup_steps=config.warmup_steps * U,
+                                decay_steps=steps * U if config.lr_schedule == "cosine" else 0)
+    policy = client.create_model(job, "policy", model, trainable=True, optimizer_config=optimizer)
     reference = client.create_model(job, "reference", model) if config.kl_coef > 0 else None
     tokenizer = client.tokenizer(policy)
     eval_set = task_impl.eval_set(config.eval_size)

@@ -60,3 +60,15 @@ def test_request_names_its_deployment():
     request = Request(job="j", role="policy", fn="forward", payload={})
     assert request.deployment == ("j", "policy")
     assert request.estimate_s is None
+
+
+def test_optimizer_schedule_warms_up_then_decays_to_zero():
+    from itertools import pairwise
+
+    cfg = OptimizerConfig(lr=1e-3, warmup_steps=4, decay_steps=20)
+    rates = [cfg.lr_at(s) for s in range(20)]
+    assert rates[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert rates[4] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in pairwise(rates[4:]))
+    assert rates[19] == pytest.approx(0.0, abs=1e-12)
+    assert OptimizerConfig(lr=1e-3).lr_at(10_000) == 1e-3  # constant without decay_steps
