@@ -1,7 +1,7 @@
 """Fixtures for the engine tests.
 
 Unit tests use none of the session fixtures below and never start Ray. The integration tests share
-one temporary ``PLEXRL_HOME``, one small ``tiny-arith`` build (30 supervised steps: a model that
+one temporary ``PLEXRL_HOME``, one small ``tiny-arith`` build (250 supervised steps: a model that
 answers in the right form, which is all plumbing tests need), one Ray instance and one worker
 group for the whole session; every test uses its own job name, so deployments never collide.
 """
@@ -80,14 +80,17 @@ def plexrl_home(tmp_path_factory) -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(plexrl_home) -> Path:
-    """The ``tiny-arith`` preset, built with a 30-step supervised phase into PLEXRL_HOME/models.
+    """The ``tiny-arith`` preset, built with a 250-step supervised phase into PLEXRL_HOME/models.
+
+    250 steps (about 20 s) give a model that is right now and then when sampling, so short training
+    runs have groups with mixed rewards and really update the policy.
 
     It sits where the preset resolves, so both ``"tiny-arith"`` and this path name it. One thread:
     the full preset's two threads gain nothing on a model this small and fight other processes.
     """
     from engine.models.tiny import TINY_ARITH, build_preset
 
-    preset = dataclasses.replace(TINY_ARITH, sft_steps=30, eval_size=50, threads=1)
+    preset = dataclasses.replace(TINY_ARITH, sft_steps=250, eval_size=50, threads=1)
     path = plexrl_home / "models" / TINY_ARITH.name
     build_preset(preset, path)
     return path

@@ -1,6 +1,6 @@
 """The GRPO loop (``engine.rl.grpo.train``) in this process, over the session's worker group.
 
-The 30-step test model is never right on arithmetic, so every group's rewards would be equal and
+The 250-step test model is rarely right on arithmetic, so most groups' rewards would be equal and
 no update would ever run; these tests swap in a reward it can earn (an answer that starts with
 "1") so that the whole step runs: rollouts, rewards, advantages, old-policy (and reference)
 log-probs, minibatch updates and the weight sync.
