@@ -14,7 +14,7 @@ from typing import Any
 import ray
 
 from engine.eventlog import read_events
-from engine.paths import plexrl_home
+from engine.paths import plexrl_home, runs_dir
 from engine.spec import JobSpec
 from engine.workers.backend import BackendKind
 from engine.workers.group import DEVICE_RESOURCE, WorkerGroup
@@ -113,7 +113,7 @@ def write_run_outputs(events_path: Path, out: Path, summary: dict[str, Any]) -> 
 
 def default_run_dir(prefix: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = plexrl_home() / "runs" / f"{prefix}-{stamp}"
+    base = runs_dir() / f"{prefix}-{stamp}"
     path, i = base, 1
     while path.exists():
         i += 1
