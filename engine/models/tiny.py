@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.rl.rewards import is_well_formed_number, math_reward
+from engine.rl.rewards import score_answers
 from engine.rl.tasks import Problem, eval_problems, sample_problems
 from engine.workers.sampling import sample
 
@@ -128,11 +128,7 @@ def greedy_eval(model, tokenizer, problems: list[Problem], max_tokens: int = 8) 
         eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=None,
     )
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    correct = [math_reward(t, p.answer) for t, p in zip(texts, problems, strict=True)]
-    return {
-        "accuracy": float(np.mean(correct)),
-        "well_formed": float(np.mean([is_well_formed_number(t) for t in texts])),
-    }
+    return score_answers(texts, [p.answer for p in problems])
 
 
 def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False) -> dict:

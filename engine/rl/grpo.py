@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from engine.client import Batch, Client, OptimizerConfig, SamplingParams, SpecError
-from engine.rl.rewards import is_well_formed_number, math_reward
+from engine.rl.rewards import math_reward, score_answers
 from engine.rl.tasks import get_task
 
 ADV_EPS = 1e-6
@@ -82,11 +82,7 @@ def evaluate(client: Client, policy, problems, tokenizer, max_tokens: int) -> di
     """Held-out greedy accuracy and the fraction of answers that are one well-formed number."""
     prompts = [tokenizer.encode(p.prompt) for p in problems]
     out = policy.generate(prompts, SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)).result()
-    texts = [c.text for c in out]
-    return {
-        "accuracy": float(np.mean([math_reward(t, p.answer) for t, p in zip(texts, problems, strict=True)])),
-        "well_formed": float(np.mean([is_well_formed_number(t) for t in texts])),
-    }
+    return score_answers([c.text for c in out], [p.answer for p in problems])
 
 
 def _step_seed(seed: int, step: int) -> int:
@@ -147,9 +143,8 @@ def train(
             )
             old_f = policy.forward(batch)
             ref_f = reference.forward(batch) if reference is not None else None
-            batch = Batch(
-                prompts=batch.prompts, completions=batch.completions, advantages=batch.advantages,
-                old_logprobs=old_f.result().logprobs,
+            batch = dataclasses.replace(
+                batch, old_logprobs=old_f.result().logprobs,
                 ref_logprobs=ref_f.result().logprobs if ref_f is not None else None,
             )
             t_logprob = time.perf_counter()

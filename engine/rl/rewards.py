@@ -39,3 +39,11 @@ def math_reward(response: str, answer: str) -> float:
 def is_well_formed_number(response: str) -> bool:
     """A response that is one integer and nothing else (used to judge the base model's format)."""
     return _NUMBER.fullmatch(response.strip()) is not None
+
+
+def score_answers(responses: list[str], answers: list[str]) -> dict[str, float]:
+    """Accuracy and the fraction of well-formed answers over a set of (response, gold) pairs."""
+    return {
+        "accuracy": float(sum(math_reward(r, a) for r, a in zip(responses, answers, strict=True)) / len(answers)),
+        "well_formed": float(sum(is_well_formed_number(r) for r in responses) / len(responses)),
+    }
