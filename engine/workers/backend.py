@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from engine.api import OptimizerConfig
+from engine.workers.layout import WeightShard
 
 Deployment = tuple[str, str]  # (job, role)
 
@@ -45,6 +46,12 @@ class Backend(ABC):
     @abstractmethod
     def drop(self, deployment: Deployment) -> None:
         """Release a deployment's state."""
+
+    def export_weights(self, deployment: Deployment, names: list[str] | None = None) -> list[WeightShard]:
+        """This rank's trainer weights as ``(canonical name, tensor, ShardSpec)``, for the named
+        logical tensors (all when ``names`` is None, in a fixed order). Used by ``sync_weights``
+        across worker groups: the receiving backend gathers one logical tensor at a time."""
+        raise NotImplementedError(f"{type(self).__name__} does not export weights")
 
 
 def backend_class(kind: BackendKind | str) -> type[Backend]:

@@ -45,6 +45,9 @@ class WorkerRank:
             return None
         return self.backend.execute(request.deployment, request.fn, request.payload)
 
+    def export_weights(self, deployment, names: list[str] | None = None):
+        return self.backend.export_weights(tuple(deployment), names)
+
     def info(self) -> dict[str, Any]:
         import torch
 

@@ -28,6 +28,7 @@ from engine.api import (
 )
 from engine.losses import get_loss
 from engine.workers.backend import Backend, Deployment
+from engine.workers.layout import WHOLE
 from engine.workers.sampling import sample, sequence_logprobs
 
 STEPS_KEY = "__optimizer_steps__"
@@ -149,6 +150,12 @@ class TorchBackend(Backend):
                     dst.copy_(src)
         return {"bytes": _state_bytes(state.model), "seconds": time.perf_counter() - started}
 
+    def export_weights(self, deployment, names=None):
+        state = self.states[deployment]
+        weights = _hf_weights(state.model)
+        keys = list(weights) if names is None else names
+        return [(k, weights[k].detach().clone(), WHOLE) for k in keys]
+
     # -- checkpoints -------------------------------------------------------------------------
     def _checkpoint_dir(self, deployment, tag: str) -> Path:
         job, role = deployment
@@ -158,11 +165,7 @@ class TorchBackend(Backend):
         path = self._checkpoint_dir(deployment, tag)
         tmp = path.with_name(path.name + ".tmp")
         tmp.mkdir(parents=True, exist_ok=True)
-        weights = {k: v.contiguous() for k, v in state.model.state_dict().items()}
-        # tied embeddings share storage; safetensors wants each tensor once
-        if state.model.config.tie_word_embeddings:
-            weights.pop("lm_head.weight", None)
-        save_file(weights, tmp / "model.safetensors")
+        save_file(_hf_weights(state.model), tmp / "model.safetensors")
         if state.optimizer is not None:
             tensors = _optimizer_tensors(state.model, state.optimizer)
             tensors[STEPS_KEY] = torch.tensor(state.steps)  # the warm-up schedule resumes where it was
@@ -191,6 +194,14 @@ class TorchBackend(Backend):
                 _load_optimizer_tensors(state.model, state.optimizer, tensors)
         self._sync_weights(deployment, state)  # a restored job samples from what it saved
         return {"path": str(path)}
+
+
+def _hf_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights by Hugging Face name, each tensor once (a tied ``lm_head`` is the embedding)."""
+    weights = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    return weights
 
 
 def _optimizer_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
