@@ -45,6 +45,9 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="tiny-arith", help="preset name or Hugging Face model folder")
     p.add_argument("--out", type=Path, help="output folder (default: a new one under PLEXRL_HOME/runs)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--rollout", help="rollout backend: torch or vllm (default: vllm when installed)")
+    p.add_argument("--trainer", help="training backend: torch or megatron (default: megatron when installed)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the trainer (megatron)")
     p.add_argument("--shuffle-rewards", action="store_true",
                    help="negative control: permute rewards within each step")
     p.add_argument("--prompts-per-step", type=int)
@@ -71,7 +74,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         "temperature", "kl_coef", "eval_every", "eval_size") if getattr(args, k) is not None}
     if args.shuffle_rewards:
         overrides["shuffle_rewards"] = True
-    spec = JobSpec(task=args.task, model=args.model, steps=args.steps, seed=args.seed,
+    backends = {k: getattr(args, k) for k in ("rollout", "trainer") if getattr(args, k) is not None}
+    spec = JobSpec(task=args.task, model=args.model, steps=args.steps, seed=args.seed, tp=args.tp, **backends,
                    grpo=GRPOConfig(**{**dataclasses.asdict(GRPOConfig()), **overrides}))
     out = args.out or default_run_dir(f"{spec.task}-s{spec.seed}")
     created = not out.exists()

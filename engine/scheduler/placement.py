@@ -1,14 +1,24 @@
-"""Where a new deployment (job, role) becomes resident: a pure function of the WPGs' view."""
+"""Where a new deployment (job, role) becomes resident: a pure function of the WPGs' view.
+
+A deployment has a *trainer* side (the weights the optimizer updates, and the passes over them)
+and, for a policy, a *rollout* side (the weights ``generate`` samples from, refreshed by
+``sync_weights``). Both sides may live in one group (the torch backend serves every function) or in
+two: a training WPG (Megatron) and a rollout WPG (vLLM), with ``sync_weights`` moving weights from
+the first to the second.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-# What a role needs its WPG to serve.
-ROLE_FUNCTIONS: Mapping[str, frozenset[str]] = {
-    "policy": frozenset({"generate", "forward", "forward_backward", "optim_step", "sync_weights"}),
-    "reference": frozenset({"forward"}),
+TRAIN_FUNCTIONS = frozenset({"forward", "forward_backward", "optim_step", "save_checkpoint", "load_checkpoint"})
+ROLLOUT_FUNCTIONS = frozenset({"generate", "sync_weights"})
+
+# What each side of a role needs its WPG to serve (the reference has no rollout side).
+ROLE_FUNCTIONS: Mapping[str, tuple[frozenset[str], frozenset[str] | None]] = {
+    "policy": (TRAIN_FUNCTIONS, ROLLOUT_FUNCTIONS),
+    "reference": (frozenset({"forward"}), None),
 }
 
 
@@ -17,15 +27,52 @@ class GroupView:
     name: str
     serves: frozenset[str]
     resident: int  # deployments already resident
+    kind: str = ""  # backend kind (torch, megatron, vllm)
 
 
-def place_deployment(groups: Sequence[GroupView], role: str) -> str:
-    """The group that serves what ``role`` needs and holds the fewest deployments (ties: name).
+@dataclass(frozen=True)
+class Placement:
+    trainer: str
+    rollout: str | None = None  # None: the role never generates
 
-    Raises LookupError when no group can serve the role.
-    """
-    needed = ROLE_FUNCTIONS[role]
-    fitting = [g for g in groups if needed <= g.serves]
+    def group_for(self, fn: str) -> str:
+        if fn in ROLLOUT_FUNCTIONS:
+            if self.rollout is None:
+                raise ValueError(f"{fn!r} needs a rollout side, and this deployment has none")
+            return self.rollout
+        return self.trainer
+
+    @property
+    def split(self) -> bool:
+        return self.rollout is not None and self.rollout != self.trainer
+
+
+def _pick(groups: Sequence[GroupView], needed: frozenset[str], other: frozenset[str], kind: str | None,
+          what: str, role: str) -> GroupView:
+    """The group serving ``needed`` (of ``kind`` if given): specialised groups (serving none of
+    ``other``) first, then fewest resident deployments, then name."""
+    fitting = [g for g in groups if needed <= g.serves and (kind is None or g.kind == kind)]
     if not fitting:
-        raise LookupError(f"no worker group serves {sorted(needed)} for role {role!r}")
-    return min(fitting, key=lambda g: (g.resident, g.name)).name
+        of_kind = f" of kind {kind!r}" if kind else ""
+        raise LookupError(f"no worker group{of_kind} serves {sorted(needed)} for the {what} of role {role!r}")
+    return min(fitting, key=lambda g: (bool(g.serves & other), g.resident, g.name))
+
+
+def place_deployment(
+    groups: Sequence[GroupView], role: str, *, trainer_kind: str | None = None, rollout_kind: str | None = None,
+) -> Placement:
+    """Place a deployment of ``role``. Raises LookupError when no group can serve a side.
+
+    A group built for one side (a Megatron trainer, a vLLM engine) wins over a group that serves
+    everything; the rollout shares the trainer's group only when no rollout group fits.
+    """
+    train_needs, rollout_needs = ROLE_FUNCTIONS[role]
+    trainer = _pick(groups, train_needs, ROLLOUT_FUNCTIONS, trainer_kind, "trainer", role)
+    if rollout_needs is None:
+        return Placement(trainer.name)
+    dedicated = [g for g in groups if g.name != trainer.name and not g.serves & TRAIN_FUNCTIONS]
+    colocated = rollout_needs <= trainer.serves and (rollout_kind is None or trainer.kind == rollout_kind)
+    if colocated and not [g for g in dedicated if rollout_kind is None or g.kind == rollout_kind]:
+        return Placement(trainer.name, trainer.name)
+    rollout = _pick(groups, rollout_needs, TRAIN_FUNCTIONS, rollout_kind, "rollout", role)
+    return Placement(trainer.name, rollout.name)

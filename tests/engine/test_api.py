@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from engine.api import Request
 from engine.client import Batch, Completion, ForwardResult, LossResult, ModelHandle, OptimizerConfig, SamplingParams
 from engine.errors import ModelNotFound, SpecError
+from engine.scheduler.placement import Placement
 
 PROBLEMS = ["12+7=", "3-5=", "40+1-2=", "99-99="]
 GREEDY = SamplingParams(n=1, temperature=0.0, max_tokens=6)
@@ -66,7 +67,10 @@ def test_create_model(client, router, job, tiny_model_dir):
     reference = client.create_model(job, "reference", "tiny-arith")
     assert (policy.job, policy.role) == (job, "policy")
     assert policy.model_dir == reference.model_dir == tiny_model_dir.resolve()
-    assert router.placement == {(job, "policy"): "test-torch-0", (job, "reference"): "test-torch-0"}
+    assert router.placement == {
+        (job, "policy"): Placement("test-torch-0", "test-torch-0"),  # one torch group serves both sides
+        (job, "reference"): Placement("test-torch-0"),
+    }
     # a folder names the same model as the preset does
     by_path = client.create_model(f"{job}-path", "reference", str(tiny_model_dir))
     assert by_path.model_dir == tiny_model_dir.resolve()

@@ -9,6 +9,7 @@ import pytest
 TRAIN_FLAGS = [
     "--task", "arith", "--steps", "2", "--seed", "0",
     "--prompts-per-step", "32", "--samples-per-prompt", "4", "--eval-every", "1", "--eval-size", "20", "--json",
+    "--rollout", "torch", "--trainer", "torch",
 ]
 METRIC_KEYS = {"step", "reward_mean", "train_accuracy", "loss", "kl", "response_length", "eval_accuracy"}
 HASH_SEEDS = ("0", "12345")
@@ -89,6 +90,9 @@ BAD_INPUT = {
     "bad-grpo-value": (["train", "--samples-per-prompt", "1"], "samples_per_prompt"),
     "missing-model": (["train", "--steps", "1", "--model", "/nonexistent/dir"], "'/nonexistent/dir'"),
     "out-in-proc": (["train", "--steps", "1", "--out", "/proc/forbidden"], "--out: cannot write to /proc/forbidden"),
+    "unknown-rollout": (["train", "--rollout", "sglang"], "rollout: unknown backend 'sglang'; known: torch, vllm"),
+    "bad-tp": (["train", "--tp", "0"], "tp: must be an integer from 1 to 8, got 0"),
+    "tp-on-torch": (["train", "--trainer", "torch", "--tp", "2"], "tp: tensor parallelism needs the megatron trainer"),
     "unknown-preset": (["models", "build", "nope"], "unknown preset 'nope'"),
     "unknown-subcommand": (["nope"], "invalid choice: 'nope'"),
     "no-subcommand": ([], "required: command"),

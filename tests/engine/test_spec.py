@@ -20,6 +20,24 @@ def test_defaults_are_valid_and_round_trip():
     assert JobSpec.from_dict({"grpo": None}) == spec
 
 
+def test_backends_default_to_vllm_and_megatron_when_installed(monkeypatch):
+    import engine.spec as spec_module
+
+    assert (JobSpec().rollout, JobSpec().trainer) == (
+        "vllm" if spec_module._installed("vllm") else "torch",
+        "megatron" if spec_module._installed("megatron.core") else "torch",
+    )
+    assert JobSpec().tp == 1
+    monkeypatch.setattr(spec_module, "_installed", lambda module: False)
+    assert (JobSpec().rollout, JobSpec().trainer) == ("torch", "torch")
+    with pytest.raises(SpecError, match="backend 'vllm' is not installed") as info:
+        JobSpec(rollout="vllm")
+    assert info.value.field == "rollout"
+    with pytest.raises(SpecError, match="backend 'megatron' is not installed") as info:
+        JobSpec(trainer="megatron")
+    assert info.value.field == "trainer"
+
+
 def test_spec_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         JobSpec().steps = 3  # type: ignore[misc]
@@ -43,6 +61,12 @@ def test_spec_error_is_a_value_error_with_field_and_message():
         ({"seed": -1}, "seed", "non-negative integer"),
         ({"algorithm": "ppo"}, "algorithm", "unknown algorithm 'ppo'"),
         ({"model": ""}, "model", "required"),
+        ({"rollout": "sglang"}, "rollout", "unknown backend 'sglang'; known: torch, vllm"),
+        ({"trainer": "fsdp"}, "trainer", "unknown backend 'fsdp'; known: torch, megatron"),
+        ({"tp": 0}, "tp", "integer from 1 to 8, got 0"),
+        ({"tp": 2.0}, "tp", "integer from 1 to 8"),
+        ({"tp": True}, "tp", "integer from 1 to 8"),
+        ({"tp": 2, "trainer": "torch"}, "tp", "needs the megatron trainer, not 'torch'"),
     ],
 )
 def test_bad_top_level_fields(kwargs, field, match):
