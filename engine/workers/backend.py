@@ -19,6 +19,7 @@ Deployment = tuple[str, str]  # (job, role)
 
 class BackendKind(enum.StrEnum):
     TORCH = "torch"
+    VLLM = "vllm"
 
 
 class Backend(ABC):
@@ -53,6 +54,15 @@ class Backend(ABC):
         across worker groups: the receiving backend gathers one logical tensor at a time."""
         raise NotImplementedError(f"{type(self).__name__} does not export weights")
 
+    def weight_names(self, deployment: Deployment) -> list[str]:
+        """The canonical names ``export_weights`` yields, in its order (a receiver asks once, then
+        pulls one logical tensor at a time). Backends that can list names cheaply override this."""
+        return [name for name, _, _ in self.export_weights(deployment, None)]
+
+    def stats(self) -> dict[str, Any]:
+        """Backend counters for tests and benchmarks (e.g. weight swaps: bytes and seconds)."""
+        return {}
+
 
 def backend_class(kind: BackendKind | str) -> type[Backend]:
     kind = BackendKind(kind)
@@ -60,4 +70,8 @@ def backend_class(kind: BackendKind | str) -> type[Backend]:
         from engine.workers.torch_backend import TorchBackend
 
         return TorchBackend
+    if kind is BackendKind.VLLM:
+        from engine.workers.vllm_backend import VllmBackend
+
+        return VllmBackend
     raise ValueError(f"no backend {kind!r}")  # pragma: no cover - the enum exhausts the cases

