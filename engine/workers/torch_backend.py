@@ -28,10 +28,9 @@ from engine.api import (
 )
 from engine.losses import get_loss
 from engine.workers.backend import Backend, Deployment
+from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, load_optimizer_tensors, optimizer_tensors
 from engine.workers.layout import WHOLE
 from engine.workers.sampling import sample, sequence_logprobs
-
-STEPS_KEY = "__optimizer_steps__"
 
 
 @dataclass
@@ -157,17 +156,13 @@ class TorchBackend(Backend):
         return [(k, weights[k].detach().clone(), WHOLE) for k in keys]
 
     # -- checkpoints -------------------------------------------------------------------------
-    def _checkpoint_dir(self, deployment, tag: str) -> Path:
-        job, role = deployment
-        return self.data_dir / "checkpoints" / job / role / tag
-
     def _save_checkpoint(self, deployment, state, *, tag: str):
-        path = self._checkpoint_dir(deployment, tag)
+        path = checkpoint_dir(self.data_dir, deployment, tag)
         tmp = path.with_name(path.name + ".tmp")
         tmp.mkdir(parents=True, exist_ok=True)
         save_file(_hf_weights(state.model), tmp / "model.safetensors")
         if state.optimizer is not None:
-            tensors = _optimizer_tensors(state.model, state.optimizer)
+            tensors = optimizer_tensors(state.model, state.optimizer)
             tensors[STEPS_KEY] = torch.tensor(state.steps)  # the warm-up schedule resumes where it was
             save_file(tensors, tmp / "optimizer.safetensors")
         if path.exists():
@@ -176,7 +171,7 @@ class TorchBackend(Backend):
         return {"path": str(path)}
 
     def _load_checkpoint(self, deployment, state, *, tag: str):
-        path = self._checkpoint_dir(deployment, tag)
+        path = checkpoint_dir(self.data_dir, deployment, tag)
         if not (path / "model.safetensors").is_file():
             raise FileNotFoundError(f"no checkpoint {tag!r} for {deployment}")
         weights = load_file(path / "model.safetensors")
@@ -191,7 +186,7 @@ class TorchBackend(Backend):
             if (path / "optimizer.safetensors").is_file():
                 tensors = load_file(path / "optimizer.safetensors")
                 state.steps = int(tensors.pop(STEPS_KEY, torch.tensor(0)))
-                _load_optimizer_tensors(state.model, state.optimizer, tensors)
+                load_optimizer_tensors(state.model, state.optimizer, tensors)
         self._sync_weights(deployment, state)  # a restored job samples from what it saved
         return {"path": str(path)}
 
@@ -203,20 +198,3 @@ def _hf_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         weights.pop("lm_head.weight", None)
     return weights
 
-
-def _optimizer_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    names = {id(p): n for n, p in model.named_parameters()}
-    out: dict[str, torch.Tensor] = {}
-    for group in opt.param_groups:
-        for p in group["params"]:
-            for key, value in opt.state.get(p, {}).items():
-                t = value if torch.is_tensor(value) else torch.tensor(value)
-                out[f"{names[id(p)]}::{key}"] = t.detach().clone().contiguous()
-    return out
-
-
-def _load_optimizer_tensors(model, opt, tensors: dict[str, torch.Tensor]) -> None:
-    params = dict(model.named_parameters())
-    for key, value in tensors.items():
-        name, field = key.split("::")
-        opt.state[params[name]][field] = value.clone()
