@@ -51,3 +51,204 @@ def gather_shards(shards: Sequence[tuple[torch.Tensor, ShardSpec]]) -> torch.Ten
     if sorted(by_index) != list(range(count)):
         raise ValueError(f"shards {sorted(by_index)} do not cover 0..{count - 1}")
     return torch.cat([by_index[i] for i in range(count)], dim=dims.pop())
+
+
+# --- Hugging Face Qwen2 <-> Megatron-core GPTModel (local layer spec) ----------------------------
+#
+# Megatron keeps one tensor-parallel rank's slice of each fused tensor:
+# - ``linear_qkv`` ([q, k, v] rows of every query group in turn: the ``heads/groups`` query heads of
+#   group g, then k_g, then v_g) is split by whole groups, so rank r holds groups
+#   ``r*G/tp .. (r+1)*G/tp - 1``, i.e. slice r of q_proj, k_proj and v_proj (weights and biases);
+# - ``linear_fc1`` of a gated MLP is ``[gate_r; up_r]`` per rank: slice r of gate_proj then of up_proj;
+# - ``linear_proj`` / ``linear_fc2`` (row parallel) hold slice r of o_proj / down_proj along dim 1;
+# - the vocab-parallel embedding (and an untied output layer) hold slice r of the vocabulary (dim 0);
+# - norms are whole on every rank.
+
+
+def _new(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy that shares no memory with ``t`` (exports must not alias parameters)."""
+    return t.detach().clone(memory_format=torch.contiguous_format)
+
+
+def _check_qwen2(hf_config, tp: int) -> None:
+    if tp < 1:
+        raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+    if getattr(hf_config, "model_type", None) != "qwen2":
+        raise ValueError(f"Megatron conversion supports Qwen2 models, not {hf_config.model_type!r}")
+    if hf_config.hidden_act != "silu":
+        raise ValueError(f"unsupported activation {hf_config.hidden_act!r}")
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"unsupported rope scaling {rope.get('rope_type')!r}")
+    if getattr(hf_config, "use_sliding_window", False):
+        raise ValueError("sliding-window attention is not supported")
+    sizes = {
+        "num_attention_heads": hf_config.num_attention_heads,
+        "num_key_value_heads": hf_config.num_key_value_heads,
+        "intermediate_size": hf_config.intermediate_size,
+        "vocab_size": hf_config.vocab_size,
+    }
+    for name, size in sizes.items():
+        if size % tp:
+            raise ValueError(f"{name}={size} is not divisible by tensor parallel size {tp}")
+
+
+def _head_dim(hf_config) -> int:
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+def _rope_theta(hf_config) -> float:
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+
+
+def megatron_config_from_hf(hf_config, tp: int) -> tuple[object, dict]:
+    """``(TransformerConfig, GPTModel keyword arguments)`` for a Hugging Face Qwen2 config at
+    tensor parallel size ``tp``; build with ``GPTModel(config=..., transformer_layer_spec=
+    get_gpt_layer_local_spec(normalization="RMSNorm"), **kwargs)``.
+
+    fp32, CPU initialisation, no dropout, no fused kernels; parameters are left uninitialised
+    (``perform_initialization=False``) because they are loaded from the Hugging Face weights.
+    """
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    _check_qwen2(hf_config, tp)
+    config = TransformerConfig(
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        num_attention_heads=hf_config.num_attention_heads,
+        num_query_groups=hf_config.num_key_value_heads,
+        kv_channels=_head_dim(hf_config),
+        ffn_hidden_size=hf_config.intermediate_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=torch.float32,
+        use_cpu_initialization=True,
+        perform_initialization=False,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+    )
+    kwargs = {
+        "vocab_size": hf_config.vocab_size,
+        "max_sequence_length": hf_config.max_position_embeddings,
+        "position_embedding_type": "rope",
+        "rotary_base": _rope_theta(hf_config),
+        "share_embeddings_and_output_weights": bool(hf_config.tie_word_embeddings),
+        "parallel_output": False,  # full logits on every rank: exact log-softmax, one loss code path
+    }
+    return config, kwargs
+
+
+def _qkv_groups(hf_config, tp_size: int) -> tuple[int, int, int]:
+    """(query groups on one rank, query heads per group, head dim)."""
+    groups = hf_config.num_key_value_heads
+    return groups // tp_size, hf_config.num_attention_heads // groups, _head_dim(hf_config)
+
+
+def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, per_group: int, dim: int):
+    rest = q.shape[1:]
+    parts = (q.reshape(groups, per_group * dim, *rest), k.reshape(groups, dim, *rest), v.reshape(groups, dim, *rest))
+    return torch.cat(parts, dim=1).reshape(-1, *rest).contiguous()
+
+
+def _split_qkv(qkv: torch.Tensor, groups: int, per_group: int, dim: int):
+    rest = qkv.shape[1:]
+    q, k, v = qkv.reshape(groups, (per_group + 2) * dim, *rest).split([per_group * dim, dim, dim], dim=1)
+    return (_new(x.reshape(-1, *rest)) for x in (q, k, v))
+
+
+_MEGATRON_DIMS = (  # name suffix -> the dimension tensor parallelism splits (None: replicated)
+    ("layernorm.weight", None),
+    ("linear_proj.weight", 1),
+    ("linear_fc2.weight", 1),
+    ("linear_qkv.weight", 0),
+    ("linear_qkv.bias", 0),
+    ("linear_fc1.weight", 0),
+    ("word_embeddings.weight", 0),
+    ("output_layer.weight", 0),
+)
+
+
+def megatron_partition_dim(name: str) -> int | None:
+    """The dimension along which Megatron parameter ``name`` is split over tensor-parallel ranks,
+    or None for a tensor every rank holds whole (the norms)."""
+    for suffix, dim in _MEGATRON_DIMS:
+        if name.endswith(suffix):
+            return dim
+    raise KeyError(f"no tensor-parallel layout for Megatron parameter {name!r}")
+
+
+def hf_to_megatron(hf_tensors, hf_config, tp_rank: int, tp_size: int) -> dict[str, torch.Tensor]:
+    """This tensor-parallel rank's Megatron GPTModel parameters (by Megatron name) from the full
+    Hugging Face Qwen2 tensors. Every parameter of the model is produced, each a new tensor."""
+    _check_qwen2(hf_config, tp_size)
+    if not 0 <= tp_rank < tp_size:
+        raise ValueError(f"bad tensor parallel rank {tp_rank} of {tp_size}")
+
+    def part(name: str, dim: int) -> torch.Tensor:
+        return _new(hf_tensors[name].chunk(tp_size, dim=dim)[tp_rank])
+
+    groups, per_group, head_dim = _qkv_groups(hf_config, tp_size)
+    out = {"embedding.word_embeddings.weight": part("model.embed_tokens.weight", 0)}
+    for i in range(hf_config.num_hidden_layers):
+        hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
+        out[mg + "input_layernorm.weight"] = _new(hf_tensors[hf + "input_layernorm.weight"])
+        for kind in ("weight", "bias"):
+            q, k, v = (part(f"{hf}self_attn.{x}_proj.{kind}", 0) for x in "qkv")
+            out[f"{mg}self_attention.linear_qkv.{kind}"] = _fuse_qkv(q, k, v, groups, per_group, head_dim)
+        out[mg + "self_attention.linear_proj.weight"] = part(hf + "self_attn.o_proj.weight", 1)
+        out[mg + "pre_mlp_layernorm.weight"] = _new(hf_tensors[hf + "post_attention_layernorm.weight"])
+        out[mg + "mlp.linear_fc1.weight"] = torch.cat(
+            [part(hf + "mlp.gate_proj.weight", 0), part(hf + "mlp.up_proj.weight", 0)], dim=0
+        )
+        out[mg + "mlp.linear_fc2.weight"] = part(hf + "mlp.down_proj.weight", 1)
+    out["decoder.final_layernorm.weight"] = _new(hf_tensors["model.norm.weight"])
+    if not hf_config.tie_word_embeddings:
+        out["output_layer.weight"] = part("lm_head.weight", 0)
+    return out
+
+
+def megatron_to_hf(local_state, hf_config, tp_rank: int, tp_size: int) -> list[WeightShard]:
+    """This rank's Megatron tensors as ``(HF name, slice, ShardSpec)``, in a fixed order (by layer);
+    ``gather_shards`` over all ranks' triples of one name gives the Hugging Face tensor exactly.
+    A tied ``lm_head`` is not exported (it is ``model.embed_tokens.weight``). Each tensor is new."""
+    _check_qwen2(hf_config, tp_size)
+    split = ShardSpec(0, tp_rank, tp_size)
+    row = ShardSpec(1, tp_rank, tp_size)
+    groups, per_group, head_dim = _qkv_groups(hf_config, tp_size)
+
+    def get(name: str) -> torch.Tensor:
+        return _new(local_state[name])
+
+    out: list[WeightShard] = [("model.embed_tokens.weight", get("embedding.word_embeddings.weight"), split)]
+    for i in range(hf_config.num_hidden_layers):
+        hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
+        out.append((hf + "input_layernorm.weight", get(mg + "input_layernorm.weight"), WHOLE))
+        qkv = {}
+        for kind in ("weight", "bias"):
+            qkv[kind] = _split_qkv(local_state[f"{mg}self_attention.linear_qkv.{kind}"], groups, per_group, head_dim)
+        for x, weight, bias in zip("qkv", qkv["weight"], qkv["bias"], strict=True):
+            out.append((f"{hf}self_attn.{x}_proj.weight", weight, split))
+            out.append((f"{hf}self_attn.{x}_proj.bias", bias, split))
+        out.append((hf + "self_attn.o_proj.weight", get(mg + "self_attention.linear_proj.weight"), row))
+        out.append((hf + "post_attention_layernorm.weight", get(mg + "pre_mlp_layernorm.weight"), WHOLE))
+        gate, up = (_new(t) for t in local_state[mg + "mlp.linear_fc1.weight"].chunk(2, dim=0))
+        out.append((hf + "mlp.gate_proj.weight", gate, split))
+        out.append((hf + "mlp.up_proj.weight", up, split))
+        out.append((hf + "mlp.down_proj.weight", get(mg + "mlp.linear_fc2.weight"), row))
+    out.append(("model.norm.weight", get("decoder.final_layernorm.weight"), WHOLE))
+    if not hf_config.tie_word_embeddings:
+        out.append(("lm_head.weight", get("output_layer.weight"), split))
+    return out

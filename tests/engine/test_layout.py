@@ -1,0 +1,113 @@
+"""Hugging Face Qwen2 <-> Megatron GPTModel conversion and shard gathering (pure tensors, no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.workers.layout import (
+    WHOLE,
+    ShardSpec,
+    gather_shards,
+    hf_to_megatron,
+    megatron_partition_dim,
+    megatron_to_hf,
+)
+
+
+def qwen2_config(*, heads: int, kv_heads: int, tied: bool, vocab: int = 64):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=16,
+        tie_word_embeddings=tied, max_position_embeddings=64,
+    )
+
+
+def random_hf_tensors(config, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every tensor a Qwen2ForCausalLM checkpoint holds (a tied lm_head left out), random values."""
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    names = {k: v.shape for k, v in Qwen2ForCausalLM(config).state_dict().items()}
+    if config.tie_word_embeddings:
+        names.pop("lm_head.weight")
+    return {k: torch.randn(shape) for k, shape in names.items()}
+
+
+KINDS = {  # (heads, kv_heads, tied) -> the tensor parallel sizes that split it
+    (4, 4, True): (1, 2, 4),  # multi-head attention, one query head per group
+    (4, 2, True): (1, 2),  # grouped-query attention
+    (8, 4, False): (1, 2, 4),  # grouped-query attention, untied lm_head
+}
+CASES = [
+    pytest.param(heads, kv, tied, tp, id=f"h{heads}-kv{kv}-{'tied' if tied else 'untied'}-tp{tp}")
+    for (heads, kv, tied), tps in KINDS.items()
+    for tp in tps
+]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "tied", "tp"), CASES)
+def test_hf_megatron_round_trip_is_exact(heads, kv_heads, tied, tp):
+    config = qwen2_config(heads=heads, kv_heads=kv_heads, tied=tied)
+    hf = random_hf_tensors(config)
+    shards: dict[str, list[tuple[torch.Tensor, ShardSpec]]] = {}
+    for rank in range(tp):
+        local = hf_to_megatron(hf, config, rank, tp)
+        for name, tensor, spec in megatron_to_hf(local, config, rank, tp):
+            assert spec == WHOLE or spec == ShardSpec(spec.dim, rank, tp)
+            shards.setdefault(name, []).append((tensor, spec))
+    assert set(shards) == set(hf)
+    for name, tensor in hf.items():
+        assert torch.equal(gather_shards(shards[name]), tensor), name
+
+
+def test_megatron_tensor_shapes_and_qkv_group_interleaving():
+    config = qwen2_config(heads=4, kv_heads=2, tied=True)
+    hf = random_hf_tensors(config)
+    d = 16  # head_dim
+    q, k, v = (hf[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv")
+    # TP=1: per query group g, [2 query heads of g, k_g, v_g]
+    qkv = hf_to_megatron(hf, config, 0, 1)["decoder.layers.0.self_attention.linear_qkv.weight"]
+    expected = torch.cat([q[:2 * d], k[:d], v[:d], q[2 * d:], k[d:], v[d:]])
+    assert torch.equal(qkv, expected)
+    # TP=2: rank 1 holds group 1 only, and half of every split dimension
+    local = hf_to_megatron(hf, config, 1, 2)
+    assert torch.equal(local["decoder.layers.0.self_attention.linear_qkv.weight"], torch.cat([q[2 * d:], k[d:], v[d:]]))
+    gate, up = hf["model.layers.0.mlp.gate_proj.weight"], hf["model.layers.0.mlp.up_proj.weight"]
+    assert torch.equal(local["decoder.layers.0.mlp.linear_fc1.weight"], torch.cat([gate[48:], up[48:]]))
+    assert local["decoder.layers.0.self_attention.linear_proj.weight"].shape == (64, 32)
+    assert local["decoder.layers.0.mlp.linear_fc2.weight"].shape == (64, 48)
+    assert local["embedding.word_embeddings.weight"].shape == (32, 64)
+    assert "output_layer.weight" not in local  # tied: the output layer is the embedding
+
+
+def test_partition_dims_describe_the_split():
+    config = qwen2_config(heads=8, kv_heads=4, tied=False)
+    full = hf_to_megatron(random_hf_tensors(config), config, 0, 1)
+    half = hf_to_megatron(random_hf_tensors(config), config, 0, 2)
+    for name, tensor in full.items():
+        dim = megatron_partition_dim(name)
+        if dim is None:
+            assert half[name].shape == tensor.shape, name
+        else:
+            assert half[name].shape[dim] * 2 == tensor.shape[dim], name
+    with pytest.raises(KeyError):
+        megatron_partition_dim("decoder.layers.0.mlp.router.weight")
+
+
+def test_exported_shards_do_not_alias_the_source():
+    config = qwen2_config(heads=4, kv_heads=2, tied=False)
+    local = hf_to_megatron(random_hf_tensors(config), config, 0, 2)
+    before = {k: v.clone() for k, v in local.items()}
+    for _, tensor, _ in megatron_to_hf(local, config, 0, 2):
+        tensor.add_(1.0)
+    assert all(torch.equal(local[k], before[k]) for k in local)
+
+
+def test_layouts_that_do_not_split_are_rejected():
+    with pytest.raises(ValueError, match="vocab_size=63 is not divisible"):
+        hf_to_megatron({}, qwen2_config(heads=4, kv_heads=2, tied=True, vocab=63), 0, 2)
+    with pytest.raises(ValueError, match="num_key_value_heads=2 is not divisible"):
+        hf_to_megatron({}, qwen2_config(heads=4, kv_heads=2, tied=True), 0, 4)
