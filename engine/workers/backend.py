@@ -20,14 +20,16 @@ Deployment = tuple[str, str]  # (job, role)
 class BackendKind(enum.StrEnum):
     TORCH = "torch"
     VLLM = "vllm"
+    MEGATRON = "megatron"
 
 
 class Backend(ABC):
     #: API functions this backend can execute (the router only sends these).
     serves: ClassVar[frozenset[str]]
 
-    def __init__(self, *, rank: int, world_size: int, data_dir: Path):
+    def __init__(self, *, rank: int, world_size: int, data_dir: Path, dist_url: str | None = None):
         self.rank, self.world_size, self.data_dir = rank, world_size, Path(data_dir)
+        self.dist_url = dist_url  # rendezvous of the group's ranks (``tcp://host:port``); None: one rank
 
     @abstractmethod
     def create(
@@ -74,4 +76,8 @@ def backend_class(kind: BackendKind | str) -> type[Backend]:
         from engine.workers.vllm_backend import VllmBackend
 
         return VllmBackend
+    if kind is BackendKind.MEGATRON:
+        from engine.workers.megatron_backend import MegatronBackend
+
+        return MegatronBackend
     raise ValueError(f"no backend {kind!r}")  # pragma: no cover - the enum exhausts the cases

@@ -6,6 +6,7 @@ A WPG is created once by the engine runtime and outlives jobs; the router sends 
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,18 +20,28 @@ NOOP = "noop"  # a call that does nothing in the rank: probes the call path (liv
 DEVICE_RESOURCE = "device"  # per-node custom resource: one slot per accelerator (or CPU slot)
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @ray.remote(num_cpus=0)
 class WorkerRank:
     """One rank of a WPG. Executes calls one at a time, in submission order (Ray actor order)."""
 
-    def __init__(self, kind: str, rank: int, world_size: int, threads: int, data_dir: str):
+    def __init__(
+        self, kind: str, rank: int, world_size: int, threads: int, data_dir: str, dist_url: str | None = None
+    ):
         import torch
 
         # Pinned so results do not depend on where (or beside what) the actor runs.
         torch.set_num_threads(threads)
         torch.manual_seed(0)
         self.rank = rank
-        self.backend = backend_class(kind)(rank=rank, world_size=world_size, data_dir=Path(data_dir))
+        # dist_url only where there is one, so single-rank backends need not know the argument
+        extra = {} if dist_url is None else {"dist_url": dist_url}
+        self.backend = backend_class(kind)(rank=rank, world_size=world_size, data_dir=Path(data_dir), **extra)
 
     def create(self, deployment, model_dir: str, trainable: bool, optimizer: OptimizerConfig | None):
         return self.backend.create(
@@ -78,10 +89,12 @@ class WorkerGroup:
         threads: int = 2, data_dir: Path, devices_per_rank: float = 1.0,
     ) -> WorkerGroup:
         kind = BackendKind(kind)
+        # Ranks of a multi-rank group meet at a free local port (torch.distributed rendezvous).
+        dist_url = f"tcp://127.0.0.1:{_free_port()}" if world_size > 1 else None
         ranks = [
             WorkerRank.options(
                 name=f"wpg:{name}:{rank}", resources={DEVICE_RESOURCE: devices_per_rank}
-            ).remote(kind.value, rank, world_size, threads, str(data_dir))
+            ).remote(kind.value, rank, world_size, threads, str(data_dir), dist_url)
             for rank in range(world_size)
         ]
         ray.get([r.ping.remote() for r in ranks])

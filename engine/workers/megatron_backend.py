@@ -1,0 +1,336 @@
+"""Megatron-core training backend: a GPTModel (local layer spec) per deployment, tensor parallel
+over the worker group's ranks, trained with a plain torch AdamW.
+
+One worker group is one tensor-parallel layout: Megatron's ``parallel_state`` is per process, so
+every rank (a Ray actor) joins the group's ``torch.distributed`` world (gloo on CPU, NCCL on GPU)
+once, and every deployment resident in the group is split the same way. Every rank receives every
+call (SPMD) in the same order. Log-probs, losses and the optimizer step mean exactly what they mean
+in the torch backend: per-token log-probs come from ``sampling.sequence_logprobs`` (called on a
+view of the GPTModel), losses from ``engine.losses``, the learning rate from ``OptimizerConfig``.
+
+This backend trains; it neither generates nor syncs. A rollout worker group pulls the trainer's
+weights through ``export_weights`` as Hugging Face-named shards (see ``layout``).
+
+Megatron is imported lazily, so importing this module (e.g. for ``serves``) stays cheap.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.api import Batch, ForwardResult, LossResult, OptimizerConfig
+from engine.losses import get_loss
+from engine.workers.backend import Backend, Deployment
+from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, load_optimizer_tensors, optimizer_tensors
+from engine.workers.layout import (
+    WeightShard,
+    hf_to_megatron,
+    megatron_config_from_hf,
+    megatron_partition_dim,
+    megatron_to_hf,
+)
+from engine.workers.sampling import sequence_logprobs
+
+RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=5)
+
+
+@dataclass
+class _State:
+    model: torch.nn.Module  # this rank's GPTModel
+    hf_config: Any
+    pad_id: int
+    optimizer: torch.optim.Optimizer | None
+    optimizer_config: OptimizerConfig | None
+    pending_tokens: int = 0  # tokens whose gradients are accumulated and not yet applied
+    steps: int = 0  # optimizer steps taken
+
+
+class _CausalLMView:
+    """A GPTModel called the way ``sequence_logprobs`` calls a transformers causal LM.
+
+    Sequences there are right-padded, so every real token's attention window holds only real
+    tokens: causal attention alone is exact for them (what pads see is never read). Logits are
+    full-vocabulary on every rank (``parallel_output=False``).
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    def __call__(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        lengths = attention_mask.sum(-1, keepdim=True)
+        cols = torch.arange(input_ids.shape[1])
+        if not torch.equal(attention_mask.bool(), cols[None, :] < lengths):
+            raise ValueError("the Megatron backend expects right-padded sequences")
+        device = next(self.model.parameters()).device
+        batch, width = input_ids.shape
+        positions = cols.expand(batch, width)
+        causal = torch.ones(width, width, dtype=torch.bool).triu(1)[None, None]  # True: masked out
+        logits = self.model(input_ids.to(device), positions.to(device), causal.to(device))  # [B, S, V]
+        return SimpleNamespace(logits=logits.to(input_ids.device))
+
+
+def _init_parallel(rank: int, world_size: int, dist_url: str | None) -> torch.device:
+    """Join the group's torch.distributed world and split it into one tensor-parallel group."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import initialize_rng_tracker
+
+    from engine.workers import megatron_cpu
+
+    megatron_cpu.apply()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    if not dist.is_initialized():
+        if dist_url is None:
+            if world_size != 1:
+                raise ValueError("a Megatron group of several ranks needs a dist_url to meet at")
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(
+                "nccl" if cuda else "gloo", init_method=dist_url, rank=rank, world_size=world_size,
+                timeout=RENDEZVOUS_TIMEOUT,
+            )
+    if (dist.get_rank(), dist.get_world_size()) != (rank, world_size):
+        raise RuntimeError(f"this process is rank {dist.get_rank()} of {dist.get_world_size()}, "
+                           f"not {rank} of {world_size}")
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=world_size)
+    # Dropout is off and weights are loaded, so no RNG stream is ever forked; the inference tracker
+    # is a no-op that, unlike the default one, never touches the CUDA RNG.
+    initialize_rng_tracker(inference_rng_tracker=True)
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+
+def _read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors weights in {model_dir}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(f))
+    return tensors
+
+
+def _assign(model: torch.nn.Module, tensors: dict[str, torch.Tensor], what: str) -> None:
+    """Copy ``tensors`` into the model's parameters; names and shapes must match exactly (checked
+    for all of them before anything is copied)."""
+    params = dict(model.named_parameters())
+    missing, unexpected = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
+    wrong = sorted(n for n in set(params) & set(tensors) if params[n].shape != tensors[n].shape)
+    if missing or unexpected or wrong:
+        raise ValueError(f"{what} does not fit the model: missing {missing}, unexpected {unexpected}, "
+                         f"wrong shapes {[(n, tuple(tensors[n].shape), tuple(params[n].shape)) for n in wrong]}")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(tensors[name])
+
+
+def _mark_tensor_parallel(model: torch.nn.Module) -> None:
+    """Give every split parameter Megatron's tensor-parallel attributes (what
+    ``set_tensor_model_parallel_attributes`` sets). Megatron sets them on weights only while
+    initialising them, which we skip (``perform_initialization=False``), and the global grad norm
+    (``param_is_not_tensor_parallel_duplicate``) depends on them."""
+    for name, p in model.named_parameters():
+        dim = megatron_partition_dim(name)
+        if dim is not None:
+            p.tensor_model_parallel, p.partition_dim, p.partition_stride = True, dim, 1
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+class MegatronBackend(Backend):
+    serves = frozenset({"forward", "forward_backward", "optim_step", "save_checkpoint", "load_checkpoint"})
+
+    def __init__(self, *, rank: int, world_size: int, data_dir: Path, dist_url: str | None = None):
+        super().__init__(rank=rank, world_size=world_size, data_dir=data_dir, dist_url=dist_url)
+        self.device = _init_parallel(rank, world_size, dist_url)
+        self.states: dict[Deployment, _State] = {}
+
+    # -- residency ---------------------------------------------------------------------------
+    def create(self, deployment, model_dir, *, trainable, optimizer):
+        """Facts: ``params`` of the whole (logical) model, ``bytes`` of this rank's parameters."""
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+        from transformers import AutoConfig, AutoTokenizer
+
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        hf_tensors = _read_safetensors(model_dir)
+        if hf_config.tie_word_embeddings:
+            hf_tensors.pop("lm_head.weight", None)
+        config, kwargs = megatron_config_from_hf(hf_config, self.world_size)
+        model = GPTModel(
+            config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"), **kwargs
+        )
+        _mark_tensor_parallel(model)
+        _assign(model, hf_to_megatron(hf_tensors, hf_config, self.rank, self.world_size), f"model {model_dir}")
+        model.to(self.device)
+        model.eval()  # no dropout anywhere; gradients still flow
+        if trainable:
+            cfg = optimizer or OptimizerConfig()
+            opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        else:
+            for p in model.parameters():
+                p.requires_grad_(False)
+            cfg, opt = None, None
+        self.states[deployment] = _State(model, hf_config, tokenizer.pad_token_id, opt, cfg)
+        return {
+            "params": sum(t.numel() for t in hf_tensors.values()),
+            "bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "tensor_parallel": self.world_size,
+        }
+
+    def drop(self, deployment):
+        self.states.pop(deployment, None)
+
+    def execute(self, deployment, fn, payload):
+        state = self.states.get(deployment)
+        if state is None:
+            raise KeyError(f"deployment {deployment} is not resident on this worker")
+        if fn not in self.serves:
+            raise ValueError(f"the megatron backend does not serve {fn!r}")
+        return getattr(self, f"_{fn}")(deployment, state, **payload)
+
+    # -- API functions -----------------------------------------------------------------------
+    def _logprobs(self, state: _State, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        return sequence_logprobs(_CausalLMView(state.model), batch.prompts, batch.completions, state.pad_id)
+
+    def _forward(self, deployment, state, *, batch: Batch):
+        with torch.no_grad():
+            logp, mask = self._logprobs(state, batch)
+        return ForwardResult(logprobs=logp, mask=mask)
+
+    def _require_trainable(self, deployment, state) -> torch.optim.Optimizer:
+        if state.optimizer is None:
+            raise ValueError(f"deployment {deployment} was created with trainable=False")
+        return state.optimizer
+
+    def _forward_backward(self, deployment, state, *, batch: Batch, loss: str, loss_config: dict):
+        self._require_trainable(deployment, state)
+        loss_fn = get_loss(loss)
+        logp, mask = self._logprobs(state, batch)
+        value, metrics = loss_fn(logp, mask, batch, loss_config)
+        value.backward()
+        tokens = int(mask.sum())
+        state.pending_tokens += tokens
+        return LossResult(loss=value.item(), tokens=tokens, metrics=metrics)
+
+    def _optim_step(self, deployment, state):
+        opt = self._require_trainable(deployment, state)
+        params = [p for p in state.model.parameters() if p.grad is not None]
+        norm = _global_grad_norm(params, self.device)
+        clip = state.optimizer_config.grad_clip
+        if clip > 0:  # as torch.nn.utils.clip_grad_norm_, with the norm of the whole model
+            coef = torch.clamp(clip / (norm + 1e-6), max=1.0)
+            for p in params:
+                p.grad.mul_(coef)
+        lr = state.optimizer_config.lr_at(state.steps)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        state.steps += 1
+        opt.zero_grad(set_to_none=True)
+        tokens, state.pending_tokens = state.pending_tokens, 0
+        return {"grad_norm": float(norm), "tokens": tokens, "lr": lr}
+
+    def export_weights(self, deployment, names=None) -> list[WeightShard]:
+        state = self.states[deployment]
+        return self._hf_shards(state, dict(state.model.named_parameters()), names)
+
+    def debug_grad_shards(self, deployment, names=None) -> list[WeightShard]:
+        """Test/debug only: this rank's accumulated gradients laid out like ``export_weights``
+        (zeros where a parameter has no gradient). Not an API function."""
+        state = self.states[deployment]
+        grads = {
+            n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in state.model.named_parameters()
+        }
+        return self._hf_shards(state, grads, names)
+
+    def _hf_shards(self, state: _State, local: dict[str, torch.Tensor], names) -> list[WeightShard]:
+        converted = megatron_to_hf(local, state.hf_config, self.rank, self.world_size)
+        shards = [(name, t.cpu(), spec) for name, t, spec in converted]
+        if names is None:
+            return shards
+        by_name = {s[0]: s for s in shards}
+        unknown = sorted(set(names) - set(by_name))
+        if unknown:
+            raise KeyError(f"no exported tensors {unknown}")
+        return [by_name[n] for n in names]
+
+    # -- checkpoints -------------------------------------------------------------------------
+    # A checkpoint holds every rank's own state under <tag>/rank<k>/: the Megatron-named weights of
+    # its shard, and (trainable deployments) its AdamW moments and the optimizer step count. All
+    # ranks write under <tag>.tmp/, which rank 0 renames to <tag> once every rank is done.
+
+    def _save_checkpoint(self, deployment, state, *, tag: str):
+        path = checkpoint_dir(self.data_dir, deployment, tag)
+        tmp = path.with_name(path.name + ".tmp")
+        if self.rank == 0 and tmp.exists():
+            shutil.rmtree(tmp)  # left over from a save that did not finish
+        _barrier()
+        mine = tmp / f"rank{self.rank}"
+        mine.mkdir(parents=True)
+        weights = {n: p.detach().cpu().contiguous() for n, p in state.model.named_parameters()}
+        save_file(weights, mine / "model.safetensors")
+        if state.optimizer is not None:
+            tensors = optimizer_tensors(state.model, state.optimizer)
+            tensors[STEPS_KEY] = torch.tensor(state.steps)
+            save_file({k: v.cpu() for k, v in tensors.items()}, mine / "optimizer.safetensors")
+        _barrier()
+        if self.rank == 0:
+            if path.exists():
+                shutil.rmtree(path)
+            tmp.rename(path)
+        _barrier()  # no rank returns before the checkpoint is in place
+        return {"path": str(path)}
+
+    def _load_checkpoint(self, deployment, state, *, tag: str):
+        path = checkpoint_dir(self.data_dir, deployment, tag)
+        if not path.is_dir():
+            raise FileNotFoundError(f"no checkpoint {tag!r} for {deployment}")
+        # checked in the same order on every rank, so all ranks fail alike
+        ranks = sorted(p.name for p in path.iterdir() if p.name.startswith("rank"))
+        if ranks != sorted(f"rank{k}" for k in range(self.world_size)):
+            raise ValueError(f"checkpoint {tag!r} was saved by {len(ranks)} ranks, this group has {self.world_size}")
+        mine = path / f"rank{self.rank}"
+        if not (mine / "model.safetensors").is_file():
+            raise FileNotFoundError(f"checkpoint {tag!r} for {deployment} has no weights for rank {self.rank}")
+        _assign(state.model, load_file(mine / "model.safetensors", device=str(self.device)), f"checkpoint {tag!r}")
+        if state.optimizer is not None:
+            state.optimizer.zero_grad(set_to_none=True)  # gradients accumulated before the load are void
+            state.pending_tokens = 0
+            if (mine / "optimizer.safetensors").is_file():
+                tensors = load_file(mine / "optimizer.safetensors", device=str(self.device))
+                state.steps = int(tensors.pop(STEPS_KEY, torch.tensor(0)))
+                load_optimizer_tensors(state.model, state.optimizer, tensors)
+        return {"path": str(path)}
+
+
+def _global_grad_norm(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The 2-norm of the whole model's gradient: each tensor-parallel shard once, and each tensor
+    replicated on every rank (norms) once, summed over the tensor-parallel group."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    squares = torch.zeros((), dtype=torch.float32, device=device)
+    for p in params:
+        if param_is_not_tensor_parallel_duplicate(p):
+            squares = squares + torch.linalg.vector_norm(p.grad.float()) ** 2
+    group = parallel_state.get_tensor_model_parallel_group()
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(squares, group=group)
+    return squares.sqrt()
