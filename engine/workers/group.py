@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import ray
+import torch
 
 from engine.api import OptimizerConfig, Request
 from engine.workers.backend import BackendKind, backend_class
+from engine.workers.layout import gather_shards
 
 NOOP = "noop"  # a call that does nothing in the rank: probes the call path (liveness, overhead)
 DEVICE_RESOURCE = "device"  # per-node custom resource: one slot per accelerator (or CPU slot)
@@ -113,3 +116,19 @@ class WorkerGroup:
         for r in self.ranks:
             ray.kill(r)
 
+
+def pull_weights(source: list[Any], deployment) -> tuple[list[str], Iterator[tuple[str, torch.Tensor]]]:
+    """A deployment's trainer weights from ``source`` (the trainer group's ``WorkerRank`` handles):
+    the canonical names, and an iterator that fetches and gathers one logical tensor at a time.
+
+    Each fetch queues behind the trainer ranks' earlier calls (Ray actor order), so a sync sees
+    every optimizer step submitted before it; the whole model is never assembled at once.
+    """
+    names = ray.get(source[0].weight_names.remote(deployment))
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for name in names:
+            parts = ray.get([rank.export_weights.remote(deployment, [name]) for rank in source])
+            yield name, gather_shards([(t, spec) for part in parts for _, t, spec in part])
+
+    return names, tensors()

@@ -141,13 +141,31 @@ class TorchBackend(Backend):
         tokens, state.pending_tokens = state.pending_tokens, 0
         return {"grad_norm": float(norm), "tokens": tokens, "lr": lr}
 
-    def _sync_weights(self, deployment, state):
+    def _sync_weights(self, deployment, state, *, source: list[Any] | None = None):
+        """Trainer weights become the rollout's: this rank's own trainer copy, or, when the trainer
+        is another group (``source``: its ranks), pulled from it one logical tensor at a time."""
         started = time.perf_counter()
+        if source is not None:
+            from engine.workers.group import pull_weights
+
+            _, tensors = pull_weights(source, deployment)
+            params = dict(state.rollout.named_parameters())
+            nbytes = 0
+            with torch.no_grad():
+                for name, tensor in tensors:
+                    if name not in params or params[name].shape != tensor.shape:
+                        raise ValueError(f"trainer weight {name} {tuple(tensor.shape)} does not fit {deployment}")
+                    params[name].copy_(tensor)
+                    nbytes += tensor.numel() * tensor.element_size()
+            return {"bytes": nbytes, "seconds": time.perf_counter() - started}
         if state.rollout is not state.model:
             with torch.no_grad():
                 for dst, src in zip(state.rollout.parameters(), state.model.parameters(), strict=True):
                     dst.copy_(src)
         return {"bytes": _state_bytes(state.model), "seconds": time.perf_counter() - started}
+
+    def weight_names(self, deployment):
+        return list(_hf_weights(self.states[deployment].model))  # views, no copies
 
     def export_weights(self, deployment, names=None):
         state = self.states[deployment]

@@ -30,7 +30,6 @@ from safetensors.torch import load_file
 
 from engine.api import Completion, SamplingParams
 from engine.workers.backend import Backend, Deployment
-from engine.workers.layout import gather_shards
 
 #: KV cache per engine (bytes). The tiny models need little; CPU attention needs blocks of 32k tokens.
 KV_CACHE_BYTES = 128 << 20
@@ -303,10 +302,10 @@ class VllmBackend(Backend):
     def _sync_weights(self, deployment, state, *, source: list[Any]):
         """Pull ``deployment``'s trainer weights from ``source`` (the trainer group's ``WorkerRank``
         handles), one logical tensor at a time, into the engine and this deployment's host copy."""
-        import ray
+        from engine.workers.group import pull_weights
 
         started = time.perf_counter()
-        names = ray.get(source[0].weight_names.remote(deployment))
+        names, trainer_tensors = pull_weights(source, deployment)
         pulled_names = set(names)
         unknown = [n for n in names if n not in state.weights]
         if unknown:
@@ -322,10 +321,12 @@ class VllmBackend(Backend):
                 yield from ((n, t) for n, t in state.weights.items() if n not in pulled_names)
 
         def pulled():
-            for name in names:
+            while True:
                 try:
-                    parts = ray.get([r.export_weights.remote(deployment, [name]) for r in source])
-                    tensor = gather_shards([(t, spec) for part in parts for _, t, spec in part])
+                    item = next(trainer_tensors, None)
+                    if item is None:
+                        return
+                    name, tensor = item
                     host = state.weights[name]
                     if tensor.shape != host.shape:
                         raise ValueError(f"{name}: trainer shape {tuple(tensor.shape)}, rollout {tuple(host.shape)}")
