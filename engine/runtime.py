@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,16 @@ from engine.workers.backend import BackendKind
 from engine.workers.group import DEVICE_RESOURCE, WorkerGroup
 
 
+def default_devices() -> int:
+    """Device slots of this node: its GPUs, or on a CPU machine two logical slots."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    devices: int = 2  # logical device slots on this node (one per core on a CPU machine)
+    devices: int = field(default_factory=default_devices)  # device slots on this node
     threads_per_rank: int = 2  # torch intra-op threads of every WPG rank, fixed for determinism
     num_cpus: int = 2
 
@@ -31,8 +38,11 @@ def start_ray(config: EngineConfig) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local-only cluster, no token files
+    import torch
+
     ray.init(
         num_cpus=config.num_cpus,
+        num_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
         resources={DEVICE_RESOURCE: config.devices},
         include_dashboard=False,
         log_to_driver=False,

@@ -23,7 +23,7 @@ def optimizer_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dic
         for p in group["params"]:
             for key, value in opt.state.get(p, {}).items():
                 t = value if torch.is_tensor(value) else torch.tensor(value)
-                out[f"{names[id(p)]}::{key}"] = t.detach().clone().contiguous()
+                out[f"{names[id(p)]}::{key}"] = t.detach().to("cpu", copy=True).contiguous()
     return out
 
 

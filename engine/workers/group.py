@@ -94,9 +94,11 @@ class WorkerGroup:
         kind = BackendKind(kind)
         # Ranks of a multi-rank group meet at a free local port (torch.distributed rendezvous).
         dist_url = f"tcp://127.0.0.1:{_free_port()}" if world_size > 1 else None
+        # On a GPU node a device slot is a GPU: Ray hands each rank its share (CUDA_VISIBLE_DEVICES).
+        gpus = devices_per_rank if ray.cluster_resources().get("GPU", 0) > 0 else 0
         ranks = [
             WorkerRank.options(
-                name=f"wpg:{name}:{rank}", resources={DEVICE_RESOURCE: devices_per_rank}
+                name=f"wpg:{name}:{rank}", resources={DEVICE_RESOURCE: devices_per_rank}, num_gpus=gpus,
             ).remote(kind.value, rank, world_size, threads, str(data_dir), dist_url)
             for rank in range(world_size)
         ]

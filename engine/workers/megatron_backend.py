@@ -30,6 +30,7 @@ from engine.api import Batch, ForwardResult, LossResult, OptimizerConfig
 from engine.losses import get_loss
 from engine.workers.backend import Backend, Deployment
 from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, load_optimizer_tensors, optimizer_tensors
+from engine.workers.devices import worker_device
 from engine.workers.layout import (
     WeightShard,
     hf_to_megatron,
@@ -64,15 +65,18 @@ class _CausalLMView:
     def __init__(self, model: torch.nn.Module):
         self.model = model
 
+    def parameters(self):
+        return self.model.parameters()
+
     def __call__(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         lengths = attention_mask.sum(-1, keepdim=True)
-        cols = torch.arange(input_ids.shape[1])
+        cols = torch.arange(input_ids.shape[1], device=input_ids.device)
         if not torch.equal(attention_mask.bool(), cols[None, :] < lengths):
             raise ValueError("the Megatron backend expects right-padded sequences")
         device = next(self.model.parameters()).device
         batch, width = input_ids.shape
         positions = cols.expand(batch, width)
-        causal = torch.ones(width, width, dtype=torch.bool).triu(1)[None, None]  # True: masked out
+        causal = torch.ones(width, width, dtype=torch.bool, device=device).triu(1)[None, None]  # True: masked out
         logits = self.model(input_ids.to(device), positions.to(device), causal.to(device))  # [B, S, V]
         return SimpleNamespace(logits=logits.to(input_ids.device))
 
@@ -86,9 +90,8 @@ def _init_parallel(rank: int, world_size: int, dist_url: str | None) -> torch.de
     from engine.workers import megatron_cpu
 
     megatron_cpu.apply()
-    cuda = torch.cuda.is_available()
-    if cuda:
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+    device = worker_device(rank)
+    cuda = device.type == "cuda"
     if not dist.is_initialized():
         if dist_url is None:
             if world_size != 1:
@@ -107,7 +110,7 @@ def _init_parallel(rank: int, world_size: int, dist_url: str | None) -> torch.de
     # Dropout is off and weights are loaded, so no RNG stream is ever forked; the inference tracker
     # is a no-op that, unlike the default one, never touches the CUDA RNG.
     initialize_rng_tracker(inference_rng_tracker=True)
-    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    return device
 
 
 def _read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:

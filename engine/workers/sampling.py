@@ -38,9 +38,12 @@ def sample(
     """Sample ``n`` completions per prompt (greedy when ``temperature == 0``), prompt-major.
 
     Each prompt is prefilled once and its KV cache repeated ``n`` times. Returns token ids (ending
-    in EOS unless ``max_tokens`` was reached) and each token's log-prob.
+    in EOS unless ``max_tokens`` was reached) and each token's log-prob. The model may sit on any
+    device; tokens are drawn on the CPU (with ``generator``), so a seed means the same everywhere.
     """
+    device = next(model.parameters()).device
     ids, mask = left_pad(prompts, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
     position = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=position, use_cache=True)
     cache, logits = out.past_key_values, out.logits[:, -1, :]
@@ -56,7 +59,7 @@ def sample(
     logps = torch.zeros((batch, max_tokens), dtype=torch.float32)
     lengths = torch.zeros(batch, dtype=torch.long)
     for t in range(max_tokens):
-        logits = logits.float()
+        logits = logits.float().cpu()
         logp = torch.log_softmax(logits, dim=-1)
         if temperature == 0:
             tok = logits.argmax(dim=-1)
@@ -70,8 +73,8 @@ def sample(
         done = done | (tok == eos_id)
         if bool(done.all()) or t == max_tokens - 1:
             break
-        step_tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-        mask = torch.cat([mask, live.long()[:, None]], dim=1)
+        step_tok = torch.where(done, torch.full_like(tok, pad_id), tok).to(device)
+        mask = torch.cat([mask, live.long().to(device)[:, None]], dim=1)
         out = model(
             input_ids=step_tok[:, None],
             attention_mask=mask,
@@ -93,7 +96,8 @@ def sequence_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each completion token given its prompt, on one padded forward pass.
 
-    Returns ``(logprobs [B, T], mask [B, T])`` where T is the longest completion; sequences are
+    Returns ``(logprobs [B, T], mask [B, T])`` on the CPU (where losses meet the batch's tensors;
+    gradients flow back to the model's device) where T is the longest completion; sequences are
     right-padded so completion token j of every row sits at column j.
     """
     seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
@@ -103,7 +107,8 @@ def sequence_logprobs(
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
         attn[i, : len(s)] = 1
-    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.float().cpu()
     logp_all = torch.log_softmax(logits[:, :-1, :], dim=-1)
     targets = ids[:, 1:]
     token_logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # [B, width-1]

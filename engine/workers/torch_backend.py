@@ -29,6 +29,7 @@ from engine.api import (
 from engine.losses import get_loss
 from engine.workers.backend import Backend, Deployment
 from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, load_optimizer_tensors, optimizer_tensors
+from engine.workers.devices import worker_device
 from engine.workers.layout import WHOLE
 from engine.workers.sampling import sample, sequence_logprobs
 
@@ -57,12 +58,13 @@ class TorchBackend(Backend):
             raise ValueError("the torch backend runs on one rank")
         super().__init__(rank=rank, world_size=world_size, data_dir=data_dir)
         self.states: dict[Deployment, _State] = {}
+        self.device = worker_device(rank)
 
     # -- residency ---------------------------------------------------------------------------
     def create(self, deployment, model_dir, *, trainable, optimizer):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         model.eval()
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         if trainable:
@@ -171,14 +173,14 @@ class TorchBackend(Backend):
         state = self.states[deployment]
         weights = _hf_weights(state.model)
         keys = list(weights) if names is None else names
-        return [(k, weights[k].detach().clone(), WHOLE) for k in keys]
+        return [(k, weights[k].detach().to("cpu", copy=True), WHOLE) for k in keys]
 
     # -- checkpoints -------------------------------------------------------------------------
     def _save_checkpoint(self, deployment, state, *, tag: str):
         path = checkpoint_dir(self.data_dir, deployment, tag)
         tmp = path.with_name(path.name + ".tmp")
         tmp.mkdir(parents=True, exist_ok=True)
-        save_file(_hf_weights(state.model), tmp / "model.safetensors")
+        save_file({k: v.cpu() for k, v in _hf_weights(state.model).items()}, tmp / "model.safetensors")
         if state.optimizer is not None:
             tensors = optimizer_tensors(state.model, state.optimizer)
             tensors[STEPS_KEY] = torch.tensor(state.steps)  # the warm-up schedule resumes where it was
@@ -192,7 +194,7 @@ class TorchBackend(Backend):
         path = checkpoint_dir(self.data_dir, deployment, tag)
         if not (path / "model.safetensors").is_file():
             raise FileNotFoundError(f"no checkpoint {tag!r} for {deployment}")
-        weights = load_file(path / "model.safetensors")
+        weights = load_file(path / "model.safetensors", device=str(self.device))
         missing, unexpected = state.model.load_state_dict(weights, strict=False)
         tied = {"lm_head.weight"} if state.model.config.tie_word_embeddings else set()
         if unexpected or set(missing) - tied:
@@ -202,7 +204,7 @@ class TorchBackend(Backend):
             state.optimizer.zero_grad(set_to_none=True)  # gradients accumulated before the load are void
             state.pending_tokens = 0
             if (path / "optimizer.safetensors").is_file():
-                tensors = load_file(path / "optimizer.safetensors")
+                tensors = load_file(path / "optimizer.safetensors", device=str(self.device))
                 state.steps = int(tensors.pop(STEPS_KEY, torch.tensor(0)))
                 load_optimizer_tensors(state.model, state.optimizer, tensors)
         self._sync_weights(deployment, state)  # a restored job samples from what it saved
