@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 STEPS_KEY = "__optimizer_steps__"  # optimizer steps taken: the lr schedule resumes where it was
 
@@ -40,3 +41,14 @@ def load_optimizer_tensors(
             raise ValueError(f"optimizer state {key} has shape {tuple(value.shape)}, "
                              f"the parameter {tuple(params[name].shape)}")
         opt.state[params[name]][field] = value.clone()
+
+
+def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face model folder (all ``*.safetensors`` shards), on the CPU."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_dir}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(f))
+    return tensors

@@ -26,10 +26,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.api import Batch, ForwardResult, LossResult, OptimizerConfig
-from engine.losses import get_loss
-from engine.workers.backend import Backend, Deployment
-from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, load_optimizer_tensors, optimizer_tensors
+from engine.api import Batch, OptimizerConfig
+from engine.workers.backend import Deployment
+from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tensors, read_safetensors
 from engine.workers.devices import worker_device
 from engine.workers.layout import (
     WeightShard,
@@ -39,6 +38,7 @@ from engine.workers.layout import (
     megatron_to_hf,
 )
 from engine.workers.sampling import sequence_logprobs
+from engine.workers.training import TrainingBackend
 
 RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=5)
 
@@ -113,16 +113,6 @@ def _init_parallel(rank: int, world_size: int, dist_url: str | None) -> torch.de
     return device
 
 
-def _read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no safetensors weights in {model_dir}")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        tensors.update(load_file(f))
-    return tensors
-
-
 def _assign(model: torch.nn.Module, tensors: dict[str, torch.Tensor], what: str) -> None:
     """Copy ``tensors`` into the model's parameters; names and shapes must match exactly (checked
     for all of them before anything is copied)."""
@@ -154,7 +144,7 @@ def _barrier() -> None:
     dist.barrier()
 
 
-class MegatronBackend(Backend):
+class MegatronBackend(TrainingBackend):
     serves = frozenset({"forward", "forward_backward", "optim_step", "save_checkpoint", "load_checkpoint"})
 
     def __init__(self, *, rank: int, world_size: int, data_dir: Path, dist_url: str | None = None):
@@ -171,7 +161,7 @@ class MegatronBackend(Backend):
 
         hf_config = AutoConfig.from_pretrained(model_dir)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        hf_tensors = _read_safetensors(model_dir)
+        hf_tensors = read_safetensors(model_dir)
         if hf_config.tie_word_embeddings:
             hf_tensors.pop("lm_head.weight", None)
         config, kwargs = megatron_config_from_hf(hf_config, self.world_size)
@@ -196,58 +186,12 @@ class MegatronBackend(Backend):
             "tensor_parallel": self.world_size,
         }
 
-    def drop(self, deployment):
-        self.states.pop(deployment, None)
-
-    def execute(self, deployment, fn, payload):
-        state = self.states.get(deployment)
-        if state is None:
-            raise KeyError(f"deployment {deployment} is not resident on this worker")
-        if fn not in self.serves:
-            raise ValueError(f"the megatron backend does not serve {fn!r}")
-        return getattr(self, f"_{fn}")(deployment, state, **payload)
-
     # -- API functions -----------------------------------------------------------------------
     def _logprobs(self, state: _State, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return sequence_logprobs(_CausalLMView(state.model), batch.prompts, batch.completions, state.pad_id)
 
-    def _forward(self, deployment, state, *, batch: Batch):
-        with torch.no_grad():
-            logp, mask = self._logprobs(state, batch)
-        return ForwardResult(logprobs=logp, mask=mask)
-
-    def _require_trainable(self, deployment, state) -> torch.optim.Optimizer:
-        if state.optimizer is None:
-            raise ValueError(f"deployment {deployment} was created with trainable=False")
-        return state.optimizer
-
-    def _forward_backward(self, deployment, state, *, batch: Batch, loss: str, loss_config: dict):
-        self._require_trainable(deployment, state)
-        loss_fn = get_loss(loss)
-        logp, mask = self._logprobs(state, batch)
-        value, metrics = loss_fn(logp, mask, batch, loss_config)
-        value.backward()
-        tokens = int(mask.sum())
-        state.pending_tokens += tokens
-        return LossResult(loss=value.item(), tokens=tokens, metrics=metrics)
-
-    def _optim_step(self, deployment, state):
-        opt = self._require_trainable(deployment, state)
-        params = [p for p in state.model.parameters() if p.grad is not None]
-        norm = _global_grad_norm(params, self.device)
-        clip = state.optimizer_config.grad_clip
-        if clip > 0:  # as torch.nn.utils.clip_grad_norm_, with the norm of the whole model
-            coef = torch.clamp(clip / (norm + 1e-6), max=1.0)
-            for p in params:
-                p.grad.mul_(coef)
-        lr = state.optimizer_config.lr_at(state.steps)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        opt.step()
-        state.steps += 1
-        opt.zero_grad(set_to_none=True)
-        tokens, state.pending_tokens = state.pending_tokens, 0
-        return {"grad_norm": float(norm), "tokens": tokens, "lr": lr}
+    def _grad_norm(self, params):
+        return _global_grad_norm(params, self.device)
 
     def export_weights(self, deployment, names=None) -> list[WeightShard]:
         state = self.states[deployment]
@@ -312,13 +256,7 @@ class MegatronBackend(Backend):
         if not (mine / "model.safetensors").is_file():
             raise FileNotFoundError(f"checkpoint {tag!r} for {deployment} has no weights for rank {self.rank}")
         _assign(state.model, load_file(mine / "model.safetensors", device=str(self.device)), f"checkpoint {tag!r}")
-        if state.optimizer is not None:
-            state.optimizer.zero_grad(set_to_none=True)  # gradients accumulated before the load are void
-            state.pending_tokens = 0
-            if (mine / "optimizer.safetensors").is_file():
-                tensors = load_file(mine / "optimizer.safetensors", device=str(self.device))
-                state.steps = int(tensors.pop(STEPS_KEY, torch.tensor(0)))
-                load_optimizer_tensors(state.model, state.optimizer, tensors)
+        self._restore_optimizer(state, mine)
         return {"path": str(path)}
 
 

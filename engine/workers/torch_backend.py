@@ -19,19 +19,16 @@ from safetensors.torch import load_file, save_file
 
 from engine.api import (
     FUNCTIONS,
-    Batch,
     Completion,
-    ForwardResult,
-    LossResult,
     OptimizerConfig,
     SamplingParams,
 )
-from engine.losses import get_loss
-from engine.workers.backend import Backend, Deployment
-from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, load_optimizer_tensors, optimizer_tensors
+from engine.workers.backend import Deployment
+from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tensors
 from engine.workers.devices import worker_device
 from engine.workers.layout import WHOLE
 from engine.workers.sampling import sample, sequence_logprobs
+from engine.workers.training import TrainingBackend
 
 
 @dataclass
@@ -50,7 +47,7 @@ def _state_bytes(module: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
-class TorchBackend(Backend):
+class TorchBackend(TrainingBackend):
     serves = frozenset(FUNCTIONS)
 
     def __init__(self, *, rank: int, world_size: int, data_dir: Path):
@@ -80,17 +77,6 @@ class TorchBackend(Backend):
         self.states[deployment] = _State(model, rollout, tokenizer, opt, cfg)
         return {"params": sum(p.numel() for p in model.parameters()), "bytes": _state_bytes(model)}
 
-    def drop(self, deployment):
-        self.states.pop(deployment, None)
-
-    def execute(self, deployment, fn, payload):
-        state = self.states.get(deployment)
-        if state is None:
-            raise KeyError(f"deployment {deployment} is not resident on this worker")
-        if fn not in self.serves:
-            raise ValueError(f"unknown function {fn!r}")
-        return getattr(self, f"_{fn}")(deployment, state, **payload)
-
     # -- API functions -----------------------------------------------------------------------
     def _generate(self, deployment, state, *, prompts: list[list[int]], sampling: SamplingParams):
         gen = torch.Generator().manual_seed(sampling.seed)
@@ -105,43 +91,8 @@ class TorchBackend(Backend):
             for i, (t, s, lp) in enumerate(zip(ids, texts, logps, strict=True))
         ]
 
-    def _forward(self, deployment, state, *, batch: Batch):
-        with torch.no_grad():
-            logp, mask = sequence_logprobs(
-                state.model, batch.prompts, batch.completions, state.tokenizer.pad_token_id
-            )
-        return ForwardResult(logprobs=logp, mask=mask)
-
-    def _require_trainable(self, deployment, state) -> torch.optim.Optimizer:
-        if state.optimizer is None:
-            raise ValueError(f"deployment {deployment} was created with trainable=False")
-        return state.optimizer
-
-    def _forward_backward(self, deployment, state, *, batch: Batch, loss: str, loss_config: dict):
-        self._require_trainable(deployment, state)
-        loss_fn = get_loss(loss)
-        logp, mask = sequence_logprobs(
-            state.model, batch.prompts, batch.completions, state.tokenizer.pad_token_id
-        )
-        value, metrics = loss_fn(logp, mask, batch, loss_config)
-        value.backward()
-        tokens = int(mask.sum())
-        state.pending_tokens += tokens
-        return LossResult(loss=value.item(), tokens=tokens, metrics=metrics)
-
-    def _optim_step(self, deployment, state):
-        opt = self._require_trainable(deployment, state)
-        params = [p for p in state.model.parameters() if p.grad is not None]
-        clip = state.optimizer_config.grad_clip
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-        lr = state.optimizer_config.lr_at(state.steps)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        opt.step()
-        state.steps += 1
-        opt.zero_grad(set_to_none=True)
-        tokens, state.pending_tokens = state.pending_tokens, 0
-        return {"grad_norm": float(norm), "tokens": tokens, "lr": lr}
+    def _logprobs(self, state, batch):
+        return sequence_logprobs(state.model, batch.prompts, batch.completions, state.tokenizer.pad_token_id)
 
     def _sync_weights(self, deployment, state, *, source: list[Any] | None = None):
         """Trainer weights become the rollout's: this rank's own trainer copy, or, when the trainer
@@ -200,13 +151,7 @@ class TorchBackend(Backend):
         if unexpected or set(missing) - tied:
             raise ValueError(f"checkpoint {tag!r} does not fit {deployment}: missing {sorted(set(missing) - tied)}, "
                              f"unexpected {sorted(unexpected)}")
-        if state.optimizer is not None:
-            state.optimizer.zero_grad(set_to_none=True)  # gradients accumulated before the load are void
-            state.pending_tokens = 0
-            if (path / "optimizer.safetensors").is_file():
-                tensors = load_file(path / "optimizer.safetensors", device=str(self.device))
-                state.steps = int(tensors.pop(STEPS_KEY, torch.tensor(0)))
-                load_optimizer_tensors(state.model, state.optimizer, tensors)
+        self._restore_optimizer(state, path)
         self._sync_weights(deployment, state)  # a restored job samples from what it saved
         return {"path": str(path)}
 

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from engine.api import Completion, SamplingParams
 from engine.workers.backend import Backend, Deployment
+from engine.workers.checkpoint import read_safetensors
 
 #: KV cache per engine (bytes). The tiny models need little; CPU attention needs blocks of 32k tokens.
 KV_CACHE_BYTES = 128 << 20
@@ -88,16 +88,6 @@ def request_seed(seed: int, prompt_index: int) -> int:
     """
     digest = hashlib.blake2b(f"{seed}:{prompt_index}".encode(), digest_size=7).digest()
     return int.from_bytes(digest, "big")
-
-
-def _load_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        weights.update(load_file(f))
-    return weights
 
 
 def _nbytes(weights: dict[str, torch.Tensor]) -> int:
@@ -228,7 +218,7 @@ class VllmBackend(Backend):
             )
         if not self.owns_engine:
             return {"params": 0, "bytes": 0}  # rank 0 holds the weights and reports them
-        weights = _load_weights(model_dir)
+        weights = read_safetensors(model_dir)
         if model_dir not in self._tokenizers:
             from transformers import AutoTokenizer
 
