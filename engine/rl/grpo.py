@@ -41,6 +41,11 @@ class GRPOConfig:
     eval_every: int = 10
     eval_size: int = 500
     shuffle_rewards: bool = False  # negative control: permute rewards within each step
+    # Old-policy log-probs: False takes the sampled tokens' log-probs that generate returned (the
+    # rollout holds the weights just synced from the trainer, so they are the old policy's); True
+    # recomputes them with a trainer forward pass, for rollout engines whose numerics differ
+    # (e.g. bf16 sampling against an fp32 trainer).
+    recompute_logprobs: bool = False
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -76,6 +81,16 @@ def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
     r = np.asarray(rewards, dtype=np.float64).reshape(-1, group_size)
     adv = (r - r.mean(axis=1, keepdims=True)) / (r.std(axis=1, keepdims=True) + ADV_EPS)
     return adv.reshape(-1)
+
+
+def rollout_logprobs(completions) -> torch.Tensor:
+    """The completions' sampled-token log-probs, laid out as ``forward`` returns log-probs:
+    ``[B, T]`` with T the longest completion, right-padded with zeros."""
+    width = max(len(c.token_ids) for c in completions)
+    out = torch.zeros((len(completions), width), dtype=torch.float32)
+    for i, c in enumerate(completions):
+        out[i, : len(c.logprobs)] = torch.as_tensor(c.logprobs, dtype=torch.float32)
+    return out
 
 
 def evaluate(client: Client, policy, problems, tokenizer, max_tokens: int) -> dict[str, float]:
@@ -141,10 +156,12 @@ def train(
                 completions=[completions[i].token_ids for i in rows],
                 advantages=torch.as_tensor(adv[rows], dtype=torch.float32),
             )
-            old_f = policy.forward(batch)
+            old_f = policy.forward(batch) if config.recompute_logprobs else None
             ref_f = reference.forward(batch) if reference is not None else None
             batch = dataclasses.replace(
-                batch, old_logprobs=old_f.result().logprobs,
+                batch,
+                old_logprobs=old_f.result().logprobs if old_f is not None else
+                rollout_logprobs([completions[i] for i in rows]),
                 ref_logprobs=ref_f.result().logprobs if ref_f is not None else None,
             )
             t_logprob = time.perf_counter()

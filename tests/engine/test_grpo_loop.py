@@ -83,3 +83,20 @@ def test_kl_penalty_adds_a_frozen_reference(run_grpo, router, job):
     assert metrics["groups_used"] > 0
     # in the step's first update the policy still equals the reference; later ones moved away from it
     assert 0 <= metrics["kl"] < 0.1
+
+
+def test_old_logprobs_from_the_rollout_match_a_recomputation(run_grpo, job, client, tiny_model_dir):
+    """By default the old policy's log-probs are those generate returned; recomputing them with a
+    trainer forward pass gives the same values, hence (nearly) the same losses."""
+    policy = client.create_model(f"{job}-probe", "policy", str(tiny_model_dir), trainable=True)
+    out = policy.generate([[3, 4, 5], [6, 7]], SamplingParams(n=3, temperature=1.0, max_tokens=4, seed=2)).result()
+    laid_out = grpo.rollout_logprobs(out)
+    forward = policy.forward(Batch([[3, 4, 5]] * 3 + [[6, 7]] * 3, [c.token_ids for c in out])).result()
+    assert laid_out.shape == forward.logprobs.shape
+    torch.testing.assert_close(laid_out, forward.logprobs, atol=1e-4, rtol=0)  # zeros where the mask is off
+
+    _, reused = run_grpo(f"{job}-reuse", steps=1)
+    _, recomputed = run_grpo(f"{job}-recompute", steps=1, recompute_logprobs=True)
+    (a,), (b,) = _metrics(reused), _metrics(recomputed)
+    assert a["reward_mean"] == b["reward_mean"]
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-4)
