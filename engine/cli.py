@@ -82,6 +82,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     _writable_dir(out, "--out")  # before the model may be built, so bad input fails fast
     try:
         model_dir = resolve_model(spec.model, progress=_is_tty())
+        if spec.trainer == "megatron":
+            _check_megatron_fits(model_dir, spec.tp)
     except EngineError:
         if created:
             shutil.rmtree(out, ignore_errors=True)  # leave no empty run folder behind
@@ -117,6 +119,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"held-out accuracy {summary['initial_accuracy']:.3f} -> {summary['final_accuracy']:.3f} "
               f"in {summary['wall_seconds']:.0f} s; outputs in {out}")
     return 0
+
+
+def _check_megatron_fits(model_dir: Path, tp: int) -> None:
+    """Before any engine starts: the model converts to Megatron and splits over ``tp`` ranks."""
+    from transformers import AutoConfig
+
+    from engine.workers.layout import check_megatron_layout
+
+    try:
+        check_megatron_layout(AutoConfig.from_pretrained(model_dir), tp)
+    except ValueError as exc:
+        raise CliError(f"--tp: model {model_dir.name} cannot train on megatron with --tp {tp}: {exc}") from None
 
 
 # -- plexrl models build ------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def _new(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone(memory_format=torch.contiguous_format)
 
 
-def _check_qwen2(hf_config, tp: int) -> None:
+def check_megatron_layout(hf_config, tp: int) -> None:
     if tp < 1:
         raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
     if getattr(hf_config, "model_type", None) != "qwen2":
@@ -113,7 +113,7 @@ def megatron_config_from_hf(hf_config, tp: int) -> tuple[object, dict]:
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    _check_qwen2(hf_config, tp)
+    check_megatron_layout(hf_config, tp)
     config = TransformerConfig(
         num_layers=hf_config.num_hidden_layers,
         hidden_size=hf_config.hidden_size,
@@ -193,7 +193,7 @@ def megatron_partition_dim(name: str) -> int | None:
 def hf_to_megatron(hf_tensors, hf_config, tp_rank: int, tp_size: int) -> dict[str, torch.Tensor]:
     """This tensor-parallel rank's Megatron GPTModel parameters (by Megatron name) from the full
     Hugging Face Qwen2 tensors. Every parameter of the model is produced, each a new tensor."""
-    _check_qwen2(hf_config, tp_size)
+    check_megatron_layout(hf_config, tp_size)
     if not 0 <= tp_rank < tp_size:
         raise ValueError(f"bad tensor parallel rank {tp_rank} of {tp_size}")
 
@@ -224,7 +224,7 @@ def megatron_to_hf(local_state, hf_config, tp_rank: int, tp_size: int) -> list[W
     """This rank's Megatron tensors as ``(HF name, slice, ShardSpec)``, in a fixed order (by layer);
     ``gather_shards`` over all ranks' triples of one name gives the Hugging Face tensor exactly.
     A tied ``lm_head`` is not exported (it is ``model.embed_tokens.weight``). Each tensor is new."""
-    _check_qwen2(hf_config, tp_size)
+    check_megatron_layout(hf_config, tp_size)
     split = ShardSpec(0, tp_rank, tp_size)
     row = ShardSpec(1, tp_rank, tp_size)
     groups, per_group, head_dim = _qkv_groups(hf_config, tp_size)

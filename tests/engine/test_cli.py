@@ -151,6 +151,17 @@ def test_bad_input_is_one_line_and_exit_status_2(run_plexrl, tmp_path, argv, exp
     assert not (tmp_path / "home" / "models").exists()  # no preset was built on the way
 
 
+def test_a_model_that_does_not_split_over_tp_ranks_is_rejected(run_plexrl, tmp_path, tiny_model_dir):
+    """tiny-arith has 2 attention heads: TP=4 cannot split them, and says so before any engine starts."""
+    env = {"PLEXRL_HOME": str(tmp_path / "home"), "RAY_ADDRESS": "127.0.0.1:9"}
+    out = tmp_path / "out"
+    result = run_plexrl("train", "--steps", "1", "--model", str(tiny_model_dir), "--trainer", "megatron",
+                        "--tp", "4", "--out", str(out), env=env, timeout=120)
+    _assert_one_line_error(result, "--tp: model tiny-arith cannot train on megatron with --tp 4")
+    assert "not divisible by tensor parallel size 4" in result.stderr
+    assert not out.exists()
+
+
 def test_out_under_a_file_is_rejected(run_plexrl, tmp_path, tiny_model_dir):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
