@@ -166,7 +166,7 @@ def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, pe
 def _split_qkv(qkv: torch.Tensor, groups: int, per_group: int, dim: int):
     rest = qkv.shape[1:]
     q, k, v = qkv.reshape(groups, (per_group + 2) * dim, *rest).split([per_group * dim, dim, dim], dim=1)
-    return (_new(x.reshape(-1, *rest)) for x in (q, k, v))
+    return tuple(_new(x.reshape(-1, *rest)) for x in (q, k, v))
 
 
 _MEGATRON_DIMS = (  # name suffix -> the dimension tensor parallelism splits (None: replicated)
@@ -220,35 +220,58 @@ def hf_to_megatron(hf_tensors, hf_config, tp_rank: int, tp_size: int) -> dict[st
     return out
 
 
-def megatron_to_hf(local_state, hf_config, tp_rank: int, tp_size: int) -> list[WeightShard]:
-    """This rank's Megatron tensors as ``(HF name, slice, ShardSpec)``, in a fixed order (by layer);
-    ``gather_shards`` over all ranks' triples of one name gives the Hugging Face tensor exactly.
-    A tied ``lm_head`` is not exported (it is ``model.embed_tokens.weight``). Each tensor is new."""
+def _megatron_to_hf_plan(local_state, hf_config, tp_rank: int, tp_size: int):
+    """``(HF name, make, ShardSpec)`` for every exported tensor, in a fixed order (by layer);
+    ``make()`` builds that one slice, so a caller converts only the names it asks for."""
     check_megatron_layout(hf_config, tp_size)
     split = ShardSpec(0, tp_rank, tp_size)
     row = ShardSpec(1, tp_rank, tp_size)
     groups, per_group, head_dim = _qkv_groups(hf_config, tp_size)
 
-    def get(name: str) -> torch.Tensor:
-        return _new(local_state[name])
+    def copy_of(name: str):
+        return lambda: _new(local_state[name])
 
-    out: list[WeightShard] = [("model.embed_tokens.weight", get("embedding.word_embeddings.weight"), split)]
+    def qkv_part(name: str, index: int):
+        return lambda: _split_qkv(local_state[name], groups, per_group, head_dim)[index]
+
+    def fc1_half(name: str, index: int):
+        return lambda: _new(local_state[name].chunk(2, dim=0)[index])
+
+    plan = [("model.embed_tokens.weight", copy_of("embedding.word_embeddings.weight"), split)]
     for i in range(hf_config.num_hidden_layers):
         hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
-        out.append((hf + "input_layernorm.weight", get(mg + "input_layernorm.weight"), WHOLE))
-        qkv = {}
-        for kind in ("weight", "bias"):
-            qkv[kind] = _split_qkv(local_state[f"{mg}self_attention.linear_qkv.{kind}"], groups, per_group, head_dim)
-        for x, weight, bias in zip("qkv", qkv["weight"], qkv["bias"], strict=True):
-            out.append((f"{hf}self_attn.{x}_proj.weight", weight, split))
-            out.append((f"{hf}self_attn.{x}_proj.bias", bias, split))
-        out.append((hf + "self_attn.o_proj.weight", get(mg + "self_attention.linear_proj.weight"), row))
-        out.append((hf + "post_attention_layernorm.weight", get(mg + "pre_mlp_layernorm.weight"), WHOLE))
-        gate, up = (_new(t) for t in local_state[mg + "mlp.linear_fc1.weight"].chunk(2, dim=0))
-        out.append((hf + "mlp.gate_proj.weight", gate, split))
-        out.append((hf + "mlp.up_proj.weight", up, split))
-        out.append((hf + "mlp.down_proj.weight", get(mg + "mlp.linear_fc2.weight"), row))
-    out.append(("model.norm.weight", get("decoder.final_layernorm.weight"), WHOLE))
+        plan.append((hf + "input_layernorm.weight", copy_of(mg + "input_layernorm.weight"), WHOLE))
+        for index, x in enumerate("qkv"):
+            for kind in ("weight", "bias"):
+                plan.append((f"{hf}self_attn.{x}_proj.{kind}",
+                             qkv_part(f"{mg}self_attention.linear_qkv.{kind}", index), split))
+        plan.append((hf + "self_attn.o_proj.weight", copy_of(mg + "self_attention.linear_proj.weight"), row))
+        plan.append((hf + "post_attention_layernorm.weight", copy_of(mg + "pre_mlp_layernorm.weight"), WHOLE))
+        plan.append((hf + "mlp.gate_proj.weight", fc1_half(mg + "mlp.linear_fc1.weight", 0), split))
+        plan.append((hf + "mlp.up_proj.weight", fc1_half(mg + "mlp.linear_fc1.weight", 1), split))
+        plan.append((hf + "mlp.down_proj.weight", copy_of(mg + "mlp.linear_fc2.weight"), row))
+    plan.append(("model.norm.weight", copy_of("decoder.final_layernorm.weight"), WHOLE))
     if not hf_config.tie_word_embeddings:
-        out.append(("lm_head.weight", get("output_layer.weight"), split))
-    return out
+        plan.append(("lm_head.weight", copy_of("output_layer.weight"), split))
+    return plan
+
+
+def megatron_hf_names(hf_config, tp_size: int = 1) -> list[str]:
+    """The HF names ``megatron_to_hf`` exports, in its order (no tensor is touched)."""
+    return [name for name, _, _ in _megatron_to_hf_plan({}, hf_config, 0, tp_size)]
+
+
+def megatron_to_hf(local_state, hf_config, tp_rank: int, tp_size: int, names=None) -> list[WeightShard]:
+    """This rank's Megatron tensors as ``(HF name, slice, ShardSpec)``: every exported tensor in a
+    fixed order (by layer), or only ``names``, in that order (KeyError for a name it does not
+    export); ``gather_shards`` over all ranks' triples of one name gives the Hugging Face tensor
+    exactly. A tied ``lm_head`` is not exported (it is ``model.embed_tokens.weight``). Each tensor
+    is new, and only the asked-for ones are built."""
+    plan = _megatron_to_hf_plan(local_state, hf_config, tp_rank, tp_size)
+    if names is None:
+        return [(name, make(), spec) for name, make, spec in plan]
+    by_name = {name: (make, spec) for name, make, spec in plan}
+    unknown = sorted(set(names) - set(by_name))
+    if unknown:
+        raise KeyError(f"no exported tensors {unknown}")
+    return [(name, by_name[name][0](), by_name[name][1]) for name in names]

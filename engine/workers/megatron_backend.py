@@ -34,6 +34,7 @@ from engine.workers.layout import (
     WeightShard,
     hf_to_megatron,
     megatron_config_from_hf,
+    megatron_hf_names,
     megatron_partition_dim,
     megatron_to_hf,
 )
@@ -207,15 +208,11 @@ class MegatronBackend(TrainingBackend):
         return self._hf_shards(state, grads, names)
 
     def _hf_shards(self, state: _State, local: dict[str, torch.Tensor], names) -> list[WeightShard]:
-        converted = megatron_to_hf(local, state.hf_config, self.rank, self.world_size)
-        shards = [(name, t.cpu(), spec) for name, t, spec in converted]
-        if names is None:
-            return shards
-        by_name = {s[0]: s for s in shards}
-        unknown = sorted(set(names) - set(by_name))
-        if unknown:
-            raise KeyError(f"no exported tensors {unknown}")
-        return [by_name[n] for n in names]
+        converted = megatron_to_hf(local, state.hf_config, self.rank, self.world_size, names)
+        return [(name, t.cpu(), spec) for name, t, spec in converted]
+
+    def weight_names(self, deployment):
+        return megatron_hf_names(self.states[deployment].hf_config, self.world_size)
 
     # -- checkpoints -------------------------------------------------------------------------
     # A checkpoint holds every rank's own state under <tag>/rank<k>/: the Megatron-named weights of

@@ -10,6 +10,7 @@ from engine.workers.layout import (
     ShardSpec,
     gather_shards,
     hf_to_megatron,
+    megatron_hf_names,
     megatron_partition_dim,
     megatron_to_hf,
 )
@@ -61,6 +62,22 @@ def test_hf_megatron_round_trip_is_exact(heads, kv_heads, tied, tp):
     assert set(shards) == set(hf)
     for name, tensor in hf.items():
         assert torch.equal(gather_shards(shards[name]), tensor), name
+
+
+def test_megatron_to_hf_converts_only_the_names_asked_for():
+    config = qwen2_config(heads=4, kv_heads=2, tied=False)
+    local = hf_to_megatron(random_hf_tensors(config), config, 1, 2)
+    everything = megatron_to_hf(local, config, 1, 2)
+    assert megatron_hf_names(config, 2) == [name for name, _, _ in everything]
+    wanted = ["model.layers.1.self_attn.v_proj.bias", "model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight"]
+    picked = megatron_to_hf(local, config, 1, 2, wanted)
+    assert [name for name, _, _ in picked] == wanted
+    full = {name: (t, spec) for name, t, spec in everything}
+    for name, tensor, spec in picked:
+        assert torch.equal(tensor, full[name][0])
+        assert spec == full[name][1]
+    with pytest.raises(KeyError, match="no exported tensors"):
+        megatron_to_hf(local, config, 1, 2, ["model.layers.9.mlp.up_proj.weight"])
 
 
 def test_megatron_tensor_shapes_and_qkv_group_interleaving():
