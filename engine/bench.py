@@ -193,10 +193,10 @@ def bench_backends(*, model: str, prompts: int, samples: int, max_tokens: int, t
         out["megatron_tp1_step_s"], _ = _median_seconds(train_step(tp1), repeats)
         bar.update(1)
         tp2 = engine.start_group("bench-megatron-tp2", "megatron", 2, devices_per_rank=slot,
-                                 threads=max(1, threads // 2))
+                                 threads=engine.threads_per_rank(2))
         tp2.create(("bench", "trainer"), model_dir, trainable=True, optimizer=optimizer)
         out["megatron_tp2_step_s"], _ = _median_seconds(train_step(tp2), repeats)
-        out["megatron_tp2_threads_per_rank"] = max(1, threads // 2)
+        out["megatron_tp2_threads_per_rank"] = engine.threads_per_rank(2)
         bar.update(1)
 
         # weight sync across layouts: Megatron TP=2 shards -> vLLM, one logical tensor at a time

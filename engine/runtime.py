@@ -17,14 +17,13 @@ from engine.eventlog import read_events
 from engine.paths import plexrl_home, runs_dir
 from engine.spec import JobSpec
 from engine.workers.backend import BackendKind
+from engine.workers.devices import accelerator_count
 from engine.workers.group import DEVICE_RESOURCE, WorkerGroup
 
 
 def default_devices() -> int:
     """Device slots of this node: its GPUs, or on a CPU machine two logical slots."""
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+    return accelerator_count() or 2
 
 
 @dataclass(frozen=True)
@@ -38,11 +37,9 @@ def start_ray(config: EngineConfig) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local-only cluster, no token files
-    import torch
-
     ray.init(
         num_cpus=config.num_cpus,
-        num_gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        num_gpus=accelerator_count(),
         resources={DEVICE_RESOURCE: config.devices},
         include_dashboard=False,
         log_to_driver=False,
@@ -78,6 +75,10 @@ class LocalEngine:
         self.groups.append(group)
         return group
 
+    def threads_per_rank(self, world_size: int) -> int:
+        """Ranks of one group compute at the same time, so they share the per-rank threads."""
+        return max(1, self.config.threads_per_rank // world_size)
+
     def start_groups_for(self, spec: JobSpec) -> list[WorkerGroup]:
         """The worker groups one job's backends need: a training WPG of ``spec.tp`` ranks and, unless
         one torch group serves both sides, a rollout WPG of one rank.
@@ -89,9 +90,8 @@ class LocalEngine:
         colocated = spec.trainer == spec.rollout == BackendKind.TORCH
         ranks = spec.tp + (0 if colocated else 1)
         per_rank = min(1.0, self.config.devices / ranks)
-        trainer_threads = max(1, self.config.threads_per_rank // spec.tp)
         started = [self.start_group(f"{spec.trainer}-0", spec.trainer, spec.tp, devices_per_rank=per_rank,
-                                    threads=trainer_threads)]
+                                    threads=self.threads_per_rank(spec.tp))]
         if not colocated:
             started.append(self.start_group(f"{spec.rollout}-rollout-0", spec.rollout, 1, devices_per_rank=per_rank))
         return started

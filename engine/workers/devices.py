@@ -16,3 +16,8 @@ def worker_device(rank: int = 0) -> torch.device:
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")
+
+
+def accelerator_count() -> int:
+    """GPUs this process can see (0 on a CPU machine)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

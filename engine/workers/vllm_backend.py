@@ -311,22 +311,17 @@ class VllmBackend(Backend):
                 yield from ((n, t) for n, t in state.weights.items() if n not in pulled_names)
 
         def pulled():
-            while True:
-                try:
-                    item = next(trainer_tensors, None)
-                    if item is None:
-                        return
-                    name, tensor = item
+            try:
+                for name, tensor in trainer_tensors:
                     host = state.weights[name]
                     if tensor.shape != host.shape:
                         raise ValueError(f"{name}: trainer shape {tuple(tensor.shape)}, rollout {tuple(host.shape)}")
                     state.torn = True  # until every tensor has arrived
                     host.copy_(tensor)
-                except Exception as exc:  # stop the stream cleanly, so vLLM finishes its reload
-                    failure.append(exc)
-                    return
-                counted["bytes"] += host.numel() * host.element_size()
-                yield name, host
+                    counted["bytes"] += host.numel() * host.element_size()
+                    yield name, host
+            except Exception as exc:  # stop the stream cleanly, so vLLM finishes its reload
+                failure.append(exc)
 
         self.resident = None  # the engine is in between until the stream completes
         self._reload(stream())
