@@ -113,13 +113,10 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
 
 
 def _median_seconds(fn, repeats: int) -> tuple[float, object]:
-    fn()  # warm-up (first-call allocation, kernel dispatch)
-    times, last = [], None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        last = fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)), last
+    """Median seconds of ``repeats`` calls after a warm-up call, and the warm-up's result (every
+    call gets the same inputs)."""
+    result = fn()
+    return float(np.median(_time_calls(fn, repeats))), result
 
 
 def bench_backends(*, model: str, prompts: int, samples: int, max_tokens: int, train_batch: int,
