@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -15,6 +16,28 @@ from engine.api import OptimizerConfig
 from engine.workers.layout import WeightShard
 
 Deployment = tuple[str, str]  # (job, role)
+
+#: Calls that change no state of the deployment: after only these, its state in the StateManager
+#: is still current, so swapping it out moves no bytes.
+READ_ONLY = frozenset({"forward", "generate", "save_checkpoint"})
+
+
+def state_id(deployment: Deployment, side: str = "") -> str:
+    """The StateManager model id of a deployment's state: the trainer's weights and optimizer
+    state (``job/role``) or, on a rollout engine, the sampler's weights (``job/role@rollout``)."""
+    job, role = deployment
+    return f"{job}/{role}" + (f"@{side}" if side else "")
+
+
+@dataclass
+class Residency:
+    """Where a deployment's state is: on this rank's device (``resident``) and/or in the
+    StateManager under ``keys`` (``{model id: [(name, shard)]}``, this rank's part); ``dirty``: the
+    device copy changed since it was last written to or read from the StateManager."""
+
+    resident: bool = True
+    dirty: bool = True
+    keys: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
 
 
 class BackendKind(enum.StrEnum):
@@ -64,6 +87,26 @@ class Backend(ABC):
     def stats(self) -> dict[str, Any]:
         """Backend counters for tests and benchmarks (e.g. weight swaps: bytes and seconds)."""
         return {}
+
+    # -- swapping job state through the node's StateManager ------------------------------------
+    #: this rank's ``engine.state.client.StateClient``; set by the rank when its WPG swaps states
+    state_client: Any = None
+
+    def is_resident(self, deployment: Deployment) -> bool:
+        return True
+
+    def swap_out(self, deployment: Deployment, *, release: bool = True) -> dict[str, Any]:
+        """Write the deployment's state to the StateManager's host tier (only if it changed since
+        it was last there) and, with ``release``, free this rank's copy."""
+        raise NotImplementedError(f"{type(self).__name__} cannot swap job state")
+
+    def swap_in(self, deployment: Deployment) -> dict[str, Any]:
+        """Make a swapped-out deployment resident again from the StateManager (using what a
+        ``prefetch`` already read, if it did)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot swap job state")
+
+    def prefetch(self, deployment: Deployment) -> None:  # noqa: B027 - a hint: ignoring it is correct
+        """Start reading a swapped-out deployment's state in the background (a hint)."""
 
 
 def backend_class(kind: BackendKind | str) -> type[Backend]:

@@ -30,12 +30,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class Swapping:
+    """How a WPG holds several jobs' states: at most ``max_resident`` deployments on its devices at
+    once (the least recently used is swapped out through the node's StateManager to make room);
+    ``host_budget``: bytes of the StateManager's host tier if this WPG starts it."""
+
+    max_resident: int
+    host_budget: int | None = None
+
+
 @ray.remote(num_cpus=0)
 class WorkerRank:
-    """One rank of a WPG. Executes calls one at a time, in submission order (Ray actor order)."""
+    """One rank of a WPG. Executes calls one at a time, in submission order (Ray actor order).
+
+    With ``swapping``, a call for a deployment that is not resident first swaps it in (and the
+    least recently used one out, when the WPG is full); every rank of a group sees the same calls
+    in the same order, so all make the same swaps."""
 
     def __init__(
-        self, kind: str, rank: int, world_size: int, threads: int, data_dir: str, dist_url: str | None = None
+        self, kind: str, rank: int, world_size: int, threads: int, data_dir: str, dist_url: str | None = None,
+        wpg: str = "", swapping: Swapping | None = None,
     ):
         import torch
 
@@ -46,19 +61,85 @@ class WorkerRank:
         # dist_url only where there is one, so single-rank backends need not know the argument
         extra = {} if dist_url is None else {"dist_url": dist_url}
         self.backend = backend_class(kind)(rank=rank, world_size=world_size, data_dir=Path(data_dir), **extra)
+        self.swapping = swapping
+        self.lru: collections.OrderedDict[tuple, None] = collections.OrderedDict()
+        self.swaps = {"in": 0, "out": 0, "in_bytes": 0, "out_bytes": 0, "in_seconds": 0.0, "out_seconds": 0.0}
+        if swapping is not None:
+            from engine.state.client import StateClient
+            from engine.state.manager import state_manager
+
+            def connect():
+                return state_manager(Path(data_dir), host_budget=swapping.host_budget)
+
+            self.backend.state_client = StateClient(connect, wpg)
 
     def create(self, deployment, model_dir: str, trainable: bool, optimizer: OptimizerConfig | None):
-        return self.backend.create(
-            tuple(deployment), Path(model_dir), trainable=trainable, optimizer=optimizer
-        )
+        deployment = tuple(deployment)
+        self._make_room(deployment)
+        info = self.backend.create(deployment, Path(model_dir), trainable=trainable, optimizer=optimizer)
+        self.lru[deployment] = None
+        return info
 
     def drop(self, deployment) -> None:
+        self.lru.pop(tuple(deployment), None)
         self.backend.drop(tuple(deployment))
 
     def execute(self, request: Request) -> Any:
         if request.fn == NOOP:
             return None
+        if self.swapping is not None:
+            self.switch(request.deployment)
         return self.backend.execute(request.deployment, request.fn, request.payload)
+
+    # -- job state on and off the devices ------------------------------------------------------
+    def _count(self, direction: str, result: dict[str, Any]) -> None:
+        self.swaps[direction] += 1
+        self.swaps[f"{direction}_bytes"] += result["bytes"]
+        self.swaps[f"{direction}_seconds"] += result["seconds"]
+
+    def _make_room(self, keep) -> None:
+        if self.swapping is None:
+            return
+        resident = [d for d in self.lru if d != keep and self.backend.is_resident(d)]
+        while len(resident) >= self.swapping.max_resident:
+            self.offload(resident.pop(0))
+
+    def switch(self, deployment) -> dict[str, Any]:
+        """Make ``deployment`` resident (swapping the least recently used one out if full)."""
+        deployment = tuple(deployment)
+        result = {"bytes": 0, "seconds": 0.0}
+        if not self.backend.is_resident(deployment):
+            self._make_room(deployment)
+            result = self.backend.swap_in(deployment)
+            self._count("in", result)
+        self.lru[deployment] = None
+        self.lru.move_to_end(deployment)
+        return result
+
+    def offload(self, deployment) -> dict[str, Any]:
+        """Swap ``deployment`` out to the StateManager's host tier, freeing its device memory."""
+        result = self.backend.swap_out(tuple(deployment))
+        if result["seconds"]:
+            self._count("out", result)
+        return result
+
+    def prefetch(self, deployment) -> None:
+        """Hint: ``deployment`` runs next here; start reading its state in the background."""
+        self.backend.prefetch(tuple(deployment))
+
+    def materialize(self, deployment) -> list[dict[str, Any]]:
+        """Make the deployment's state durable: its current state to the host tier (if it
+        changed), then host -> disk. Returns the StateManager's report per model id (rank 0)."""
+        deployment = tuple(deployment)
+        self.backend.swap_out(deployment, release=False)
+        if self.rank:
+            return []
+        state = self.backend.states[deployment]
+        client = self.backend.state_client
+        return [client.call("materialize", model) for model in state.res.keys]
+
+    def swap_stats(self) -> dict[str, Any]:
+        return {**self.swaps, "resident": [list(d) for d in self.lru if self.backend.is_resident(d)]}
 
     def export_weights(self, deployment, names: list[str] | None = None):
         return self.backend.export_weights(tuple(deployment), names)
@@ -90,7 +171,7 @@ class WorkerGroup:
     @classmethod
     def start(
         cls, name: str, kind: BackendKind | str = BackendKind.TORCH, *, world_size: int = 1,
-        threads: int = 2, data_dir: Path, devices_per_rank: float = 1.0,
+        threads: int = 2, data_dir: Path, devices_per_rank: float = 1.0, swapping: Swapping | None = None,
     ) -> WorkerGroup:
         kind = BackendKind(kind)
         # Ranks of a multi-rank group meet at a free local port (torch.distributed rendezvous).
@@ -100,7 +181,7 @@ class WorkerGroup:
         ranks = [
             WorkerRank.options(
                 name=f"wpg:{name}:{rank}", resources={DEVICE_RESOURCE: devices_per_rank}, num_gpus=gpus,
-            ).remote(kind.value, rank, world_size, threads, str(data_dir), dist_url)
+            ).remote(kind.value, rank, world_size, threads, str(data_dir), dist_url, name, swapping)
             for rank in range(world_size)
         ]
         ray.get([r.ping.remote() for r in ranks])
@@ -109,6 +190,23 @@ class WorkerGroup:
     def create(self, deployment, model_dir: Path, *, trainable: bool, optimizer: OptimizerConfig | None):
         refs = [r.create.remote(deployment, str(model_dir), trainable, optimizer) for r in self.ranks]
         return ray.get(refs)[0]
+
+    def _all(self, method: str, *args) -> list[Any]:
+        return ray.get([getattr(r, method).remote(*args) for r in self.ranks])
+
+    def switch(self, deployment) -> dict[str, Any]:
+        return self._all("switch", deployment)[0]
+
+    def offload(self, deployment) -> dict[str, Any]:
+        return self._all("offload", deployment)[0]
+
+    def prefetch(self, deployment) -> None:
+        """Asynchronous on purpose: each rank starts its background read when it gets here."""
+        for r in self.ranks:
+            r.prefetch.remote(deployment)
+
+    def materialize(self, deployment) -> list[dict[str, Any]]:
+        return self._all("materialize", deployment)[0]
 
     def submit(self, request: Request) -> ray.ObjectRef:
         """Every rank executes the call (SPMD); rank 0's result is the call's result."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.api import Batch, OptimizerConfig
-from engine.workers.backend import Deployment
+from engine.workers.backend import Deployment, Residency
 from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tensors, read_safetensors
 from engine.workers.devices import worker_device
 from engine.workers.layout import (
@@ -53,6 +53,7 @@ class _State:
     optimizer_config: OptimizerConfig | None
     pending_tokens: int = 0  # tokens whose gradients are accumulated and not yet applied
     steps: int = 0  # optimizer steps taken
+    res: Residency = field(default_factory=Residency)
 
 
 class _CausalLMView:

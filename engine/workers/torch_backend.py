@@ -8,9 +8,10 @@ samples from exactly the weights it last synced, as it would with a separate rol
 from __future__ import annotations
 
 import copy
+import hashlib
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from engine.api import (
     OptimizerConfig,
     SamplingParams,
 )
-from engine.workers.backend import Deployment
+from engine.workers.backend import Deployment, Residency, state_id
 from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tensors
 from engine.workers.devices import worker_device
 from engine.workers.layout import WHOLE
@@ -40,6 +41,13 @@ class _State:
     optimizer_config: OptimizerConfig | None
     pending_tokens: int = 0  # tokens whose gradients are accumulated and not yet applied
     steps: int = 0  # optimizer steps taken
+    res: Residency = field(default_factory=Residency)
+
+
+def base_model_id(model_dir: Path) -> str:
+    """The StateManager id of a base model folder (its resolved path: one id per folder)."""
+    path = str(Path(model_dir).resolve())
+    return "base:" + hashlib.sha256(path.encode()).hexdigest()[:16]
 
 
 def _state_bytes(module: torch.nn.Module) -> int:
@@ -74,8 +82,72 @@ class TorchBackend(TrainingBackend):
             for p in model.parameters():
                 p.requires_grad_(False)
             cfg, opt, rollout = None, None, model
-        self.states[deployment] = _State(model, rollout, tokenizer, opt, cfg)
+        state = self.states[deployment] = _State(model, rollout, tokenizer, opt, cfg)
+        if self.state_client is not None:
+            self._register_base(deployment, state, model_dir)
         return {"params": sum(p.numel() for p in model.parameters()), "bytes": _state_bytes(model)}
+
+    def _register_base(self, deployment, state, model_dir) -> None:
+        """The new state is the base model's: in the StateManager it points at the base's blobs
+        (held once however many jobs start from it), so it is clean until a call changes it."""
+        client = self.state_client
+        base = base_model_id(model_dir)
+        client.call("register_model", base, str(model_dir))
+        stored = client.call("keys", base)
+        tensors = self._export_state(deployment, state)
+        for ts in tensors.values():
+            same = {k: t for k, t in ts.items() if k in stored}
+            if same.keys() != ts.keys() or any(stored[k].shape != tuple(t.shape) for k, t in ts.items()):
+                return  # e.g. converted on load: the first swap-out writes the state instead
+            if any(stored[k].dtype != str(t.dtype).removeprefix("torch.") for k, t in ts.items()):
+                return
+        for model, ts in tensors.items():
+            if client.call("has_model", model):
+                client.call("drop", model)  # a stale state of a re-created deployment
+            client.call("fork", base, model)
+            state.res.keys[model] = list(ts)
+        state.res.dirty = False
+
+    # -- swapping ------------------------------------------------------------------------------
+    def _export_state(self, deployment, state):
+        trainer: dict = {}
+        for name, p in state.model.named_parameters():  # a tied lm_head is the embedding
+            trainer[(name, WHOLE)] = p.detach()
+            if p.grad is not None:
+                trainer[(f"{name}::grad", WHOLE)] = p.grad
+            if state.optimizer is not None:
+                for key, value in state.optimizer.state.get(p, {}).items():
+                    trainer[(f"{name}::{key}", WHOLE)] = value
+        out = {state_id(deployment): trainer}
+        if state.rollout is not state.model:
+            out[state_id(deployment, "rollout")] = {(n, WHOLE): p.detach() for n, p in state.rollout.named_parameters()}
+        return out
+
+    def _import_state(self, deployment, state, tensors):
+        trainer = tensors[state_id(deployment)]
+        for name, p in state.model.named_parameters():
+            p.data = trainer[(name, WHOLE)]
+            p.grad = trainer.get((f"{name}::grad", WHOLE))
+            if state.optimizer is not None:
+                moments = {k.split("::", 1)[1]: t for (k, _), t in trainer.items() if k.startswith(f"{name}::")}
+                moments.pop("grad", None)
+                if "step" in moments:  # AdamW keeps its step counts on the CPU
+                    moments["step"] = moments["step"].cpu()
+                if moments:
+                    state.optimizer.state[p] = moments
+        if state.rollout is not state.model:
+            rollout = tensors[state_id(deployment, "rollout")]
+            for name, p in state.rollout.named_parameters():
+                p.data = rollout[(name, WHOLE)]
+
+    def _release(self, deployment, state):
+        modules = [state.model] if state.rollout is state.model else [state.model, state.rollout]
+        for module in modules:
+            for p in module.parameters():
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+                p.grad = None
+        if state.optimizer is not None:
+            state.optimizer.state.clear()
 
     # -- API functions -----------------------------------------------------------------------
     def _generate(self, deployment, state, *, prompts: list[list[int]], sampling: SamplingParams):

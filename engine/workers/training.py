@@ -8,6 +8,7 @@ parameters are sharded, the norm of the whole model's gradient (``_grad_norm``).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,21 @@ from safetensors.torch import load_file
 
 from engine.api import Batch, ForwardResult, LossResult
 from engine.losses import get_loss
-from engine.workers.backend import Backend, Deployment
+from engine.workers.backend import READ_ONLY, Backend, Deployment
 from engine.workers.checkpoint import STEPS_KEY, load_optimizer_tensors
+
+StateTensors = dict[str, dict[tuple[str, Any], torch.Tensor]]  # model id -> (name, shard) -> tensor
 
 
 class TrainingBackend(Backend):
     """Deployment states live in ``self.states``; each has ``model``, ``optimizer``,
-    ``optimizer_config``, ``pending_tokens`` and ``steps``; ``self.device`` is the rank's device."""
+    ``optimizer_config``, ``pending_tokens``, ``steps`` and ``res`` (a ``Residency``);
+    ``self.device`` is the rank's device.
+
+    Swapping: a backend says which tensors make up a deployment's state under canonical keys
+    (``_export_state``), how to put them back (``_import_state``) and how to free them
+    (``_release``); moving them through the StateManager is done here, once for every backend.
+    """
 
     states: dict[Deployment, Any]
     device: torch.device
@@ -38,7 +47,7 @@ class TrainingBackend(Backend):
 
     # -- dispatch ------------------------------------------------------------------------------
     def drop(self, deployment):
-        self.states.pop(deployment, None)
+        self._forget(deployment)
 
     def execute(self, deployment, fn, payload):
         state = self.states.get(deployment)
@@ -46,7 +55,91 @@ class TrainingBackend(Backend):
             raise KeyError(f"deployment {deployment} is not resident on this worker")
         if fn not in self.serves:
             raise ValueError(f"the {type(self).__name__} does not serve {fn!r}")
+        if not state.res.resident:
+            raise RuntimeError(f"deployment {deployment} is swapped out; swap it in first")
+        if fn not in READ_ONLY:
+            state.res.dirty = True
         return getattr(self, f"_{fn}")(deployment, state, **payload)
+
+    # -- swapping ------------------------------------------------------------------------------
+    def _export_state(self, deployment, state) -> StateTensors:
+        """The deployment's state on this rank, by StateManager model id and canonical key; the
+        tensors may be the live ones (they are copied out before anything changes them)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot swap job state")
+
+    def _import_state(self, deployment, state, tensors: StateTensors) -> None:
+        """Install tensors read back from the StateManager (new tensors on ``self.device``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot swap job state")
+
+    def _release(self, deployment, state) -> None:
+        """Free the deployment's device tensors (its structure and counters stay)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot swap job state")
+
+    def is_resident(self, deployment):
+        return self.states[deployment].res.resident
+
+    def _client(self):
+        if self.state_client is None:
+            raise RuntimeError("this worker group does not swap job state (started without a StateManager)")
+        return self.state_client
+
+    def swap_out(self, deployment, *, release=True):
+        state = self.states[deployment]
+        res = state.res
+        out = {"bytes": 0, "seconds": 0.0}
+        if not res.resident:
+            return out
+        client = self._client()
+        started = time.perf_counter()
+        if res.dirty:
+            for model, tensors in self._export_state(deployment, state).items():
+                previous = res.keys.get(model, [])
+                gone = [k for k in previous if k not in tensors]
+                out["bytes"] += client.write(model, tensors, remove=gone)["bytes"]
+                res.keys[model] = list(tensors)
+            res.dirty = False
+        if release:
+            self._release(deployment, state)
+            res.resident = False
+            for model in res.keys:
+                client.call("set_resident", client.wpg, model, None)
+        out["seconds"] = time.perf_counter() - started
+        return out
+
+    def prefetch(self, deployment):
+        state = self.states[deployment]
+        if not state.res.resident:
+            for model, keys in state.res.keys.items():
+                self._client().prefetch(model, keys, device=self.device)
+
+    def swap_in(self, deployment):
+        state = self.states[deployment]
+        res = state.res
+        if res.resident:
+            return {"bytes": 0, "seconds": 0.0}
+        client = self._client()
+        started = time.perf_counter()
+        tensors: StateTensors = {}
+        for model, keys in res.keys.items():
+            got = client.take(model) or client.read(model, keys, device=self.device)
+            tensors[model] = got[0]
+        self._import_state(deployment, state, tensors)
+        res.resident, res.dirty = True, False
+        nbytes = 0
+        for model, ts in tensors.items():
+            size = sum(t.numel() * t.element_size() for t in ts.values())
+            client.call("set_resident", client.wpg, model, size)
+            nbytes += size
+        return {"bytes": nbytes, "seconds": time.perf_counter() - started}
+
+    def _forget(self, deployment) -> None:
+        """Drop a deployment everywhere: this rank and (rank 0) the StateManager."""
+        state = self.states.pop(deployment, None)
+        if state is not None and self.state_client is not None and self.rank == 0:
+            for model in state.res.keys:
+                self.state_client.discard(model)
+                if self.state_client.call("has_model", model):
+                    self.state_client.call("drop", model)
 
     def _restore_optimizer(self, state, folder: Path) -> None:
         """After a checkpoint's weights are loaded: drop gradients accumulated before the load and

@@ -1,0 +1,170 @@
+"""A WPG rank's side of the StateManager: it maps the host tier's files itself, so state moves
+between its device and the node's shared memory without passing through the manager process.
+
+``StateClient`` talks to a ``StateManager`` actor (or, in-process, a ``StateStore``): ``write``
+offloads tensors (device -> host), ``read`` loads them (host -> device; the manager first brings
+missing blobs from disk), ``prefetch`` starts a ``read`` in a background thread so that it overlaps
+the call running now, and ``take`` collects it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from engine.state.store import Mismatch, Piece, ReadItem, StateStore, TensorMeta
+from engine.workers.layout import WHOLE, ShardSpec
+
+Key = tuple[str, ShardSpec]  # (canonical tensor name, shard) within one model
+
+
+def map_host(path: str | None, meta: TensorMeta, *, write: bool = False) -> torch.Tensor:
+    """A tensor over a host-tier file (no copy). Read mappings are private: a reader's stray
+    write never reaches the shared bytes."""
+    if path is None or meta.nbytes == 0:
+        return torch.empty(meta.shape, dtype=meta.torch_dtype)
+    with open(path, "r+b" if write else "rb") as f:
+        mm = mmap.mmap(f.fileno(), meta.nbytes, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_COPY)
+    # the tensor keeps the mapping alive; it is unmapped when the last view goes
+    return torch.frombuffer(mm, dtype=torch.uint8).view(meta.torch_dtype).reshape(meta.shape)
+
+
+def _narrow(t: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
+    if spec == WHOLE:
+        return t
+    size, rest = divmod(t.shape[spec.dim], spec.count)
+    if rest:
+        raise Mismatch(f"dimension {spec.dim} of size {t.shape[spec.dim]} does not split into {spec.count}")
+    return t.narrow(spec.dim, spec.index * size, size)
+
+
+def assemble(item: ReadItem) -> torch.Tensor:
+    """The asked-for slice over the host files: a view when one stored piece covers it, else the
+    stored shards joined once (and sliced, when the reader's layout differs)."""
+    pieces: list[Piece] = sorted(item.pieces, key=lambda p: p.shard.index)
+    first = pieces[0].shard
+    if len(pieces) == 1:
+        t = map_host(pieces[0].path, pieces[0].meta)
+        return t if first == item.shard else _narrow(t, item.shard)
+    t = torch.cat([map_host(p.path, p.meta) for p in pieces], dim=first.dim)
+    if len(pieces) < first.count:  # the stored shards that make up exactly the wanted one
+        return t
+    return _narrow(t, item.shard)
+
+
+# Calls that may simply be repeated against a restarted StateManager (it recovers what was
+# materialized); any other call that meets a dead manager fails, and its caller starts over.
+_RETRY_AFTER_RESTART = frozenset({"plan_read", "keys", "has_model", "stats", "record", "set_resident",
+                                  "register_model", "estimate_load_seconds"})
+
+
+class StateClient:
+    """``manager``: a ``StateStore`` (in-process), or a function returning this node's StateManager
+    actor (called again, to reach a restarted manager, when the one it had died)."""
+
+    def __init__(self, manager: Any, wpg: str):
+        self._connect = manager if callable(manager) and not isinstance(manager, StateStore) else None
+        self.manager = manager if self._connect is None else self._connect()
+        self.wpg = wpg
+        self._pool: ThreadPoolExecutor | None = None
+        self._staged: dict[str, Future] = {}
+
+    def call(self, method: str, *args, **kwargs) -> Any:
+        if isinstance(self.manager, StateStore):
+            return getattr(self.manager, method)(*args, **kwargs)
+        import ray
+        from ray.exceptions import RayActorError
+
+        try:
+            return ray.get(getattr(self.manager, method).remote(*args, **kwargs))
+        except RayActorError:
+            if self._connect is None:
+                raise
+            self.manager = self._connect()
+            if method not in _RETRY_AFTER_RESTART:
+                raise
+            return ray.get(getattr(self.manager, method).remote(*args, **kwargs))
+
+    # -- device -> host --------------------------------------------------------------------------
+    def write(
+        self, model: str, tensors: Mapping[Key, torch.Tensor], *, keeps: Mapping[Key, str] | None = None,
+        remove: Sequence[Key] = (),
+    ) -> dict[str, float]:
+        """Offload ``tensors`` as ``model``'s state under their keys; ``keeps``: keys whose tensor is
+        unchanged since it was read from that blob (nothing is copied); ``remove``: keys to delete."""
+        started = time.perf_counter()
+        items = list(tensors.items())
+        writes = [(name, shard, TensorMeta.of(t)) for (name, shard), t in items]
+        kept = [(name, shard, blob) for (name, shard), blob in (keeps or {}).items()]
+        token, paths = self.call("reserve", model, writes, kept, list(remove))
+        nbytes = 0
+        try:
+            for path, (_, t), (_, _, meta) in zip(paths, items, writes, strict=True):
+                if path is not None:
+                    map_host(path, meta, write=True).copy_(t)
+                    nbytes += meta.nbytes
+            self.call("commit", token)
+        except BaseException:
+            self.call("abort", token)
+            raise
+        seconds = time.perf_counter() - started
+        self.call("record", model, "device->host", nbytes, seconds)
+        return {"bytes": nbytes, "seconds": seconds}
+
+    # -- host -> device --------------------------------------------------------------------------
+    def read(
+        self, model: str, wants: Sequence[Key], *, into: Mapping[Key, torch.Tensor] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> tuple[dict[Key, torch.Tensor], dict[Key, str]]:
+        """Load ``wants`` of ``model``: copied into the tensors of ``into`` where given (shape and
+        dtype must match), else into new tensors on ``device``. Returns the tensors and, for keys
+        read from exactly their own blob, that blob (a later ``write`` may keep it if unchanged)."""
+        started = time.perf_counter()
+        token, items = self.call("plan_read", model, list(wants))
+        out: dict[Key, torch.Tensor] = {}
+        clean: dict[Key, str] = {}
+        nbytes = 0
+        try:
+            for item in items:
+                key = (item.name, item.shard)
+                src = assemble(item)
+                dst = (into or {}).get(key)
+                if dst is None:
+                    dst = src.to(device, copy=True)
+                else:
+                    if tuple(dst.shape) != tuple(src.shape) or dst.dtype != src.dtype:
+                        raise Mismatch(f"{model}: {item.name} {item.shard} is stored as "
+                                       f"{TensorMeta.of(src).describe()}, the reader holds "
+                                       f"{TensorMeta.of(dst).describe()}")
+                    dst.copy_(src)
+                out[key] = dst
+                nbytes += src.numel() * src.element_size()
+                if len(item.pieces) == 1 and item.pieces[0].shard == item.shard:
+                    clean[key] = item.pieces[0].blob
+        finally:
+            self.call("done_read", token)
+        self.call("record", model, "host->device", nbytes, time.perf_counter() - started)
+        return out, clean
+
+    def prefetch(self, model: str, wants: Sequence[Key], *, device: torch.device | str = "cpu") -> None:
+        """Start reading ``model``'s ``wants`` into new device tensors in the background."""
+        if model in self._staged:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-prefetch")
+        self._staged[model] = self._pool.submit(self.read, model, list(wants), device=device)
+
+    def take(self, model: str) -> tuple[dict[Key, torch.Tensor], dict[Key, str]] | None:
+        """The prefetched tensors of ``model`` (waiting for them), or None if none were started."""
+        future = self._staged.pop(model, None)
+        return None if future is None else future.result()
+
+    def discard(self, model: str) -> None:
+        future = self._staged.pop(model, None)
+        if future is not None:
+            future.cancel()

@@ -1,0 +1,104 @@
+"""The per-node StateManager: a Ray actor pinned to its node, serving the node's ``StateStore``.
+
+It is threaded, so transitions run asynchronously and concurrently: a caller gets a Ray future
+from ``load`` / ``materialize`` / ``prefetch`` and goes on; a long ``materialize`` does not hold up
+another WPG's ``plan_read``. WPG ranks reach it by name (``state_manager()``) and move tensors
+through the host tier themselves (``engine.state.client``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from engine.state.store import StateStore, default_host_dir
+
+NAME = "state:{node}"
+
+
+@ray.remote(num_cpus=0, max_concurrency=8)
+class StateManager:
+    def __init__(self, root: str, host_dir: str, host_budget: int | None = None):
+        self.store = StateStore(Path(root), Path(host_dir), host_budget)
+
+
+    def register_model(self, model, folder):
+        return self.store.register_model(model, Path(folder))
+
+    def fork(self, src, dst):
+        return self.store.fork(src, dst)
+
+    def has_model(self, model):
+        return self.store.has_model(model)
+
+    def keys(self, model):
+        return self.store.keys(model)
+
+    def plan_read(self, model, wants):
+        return self.store.plan_read(model, wants)
+
+    def done_read(self, token):
+        return self.store.done_read(token)
+
+    def reserve(self, model, writes, keeps=(), remove=()):
+        return self.store.reserve(model, writes, keeps, remove)
+
+    def commit(self, token):
+        return self.store.commit(token)
+
+    def abort(self, token):
+        return self.store.abort(token)
+
+    def load(self, model: str) -> dict[str, Any]:
+        """disk -> host for every blob of ``model`` (the first half of a load; a WPG rank does
+        host -> device). Returns the model's bytes."""
+        token, items = self.store.plan_read(model, list(self.store.keys(model)))
+        self.store.done_read(token)
+        return {"tensors": len(items), "bytes": sum(p.meta.nbytes for i in items for p in i.pieces)}
+
+    def prefetch(self, models: list[str]) -> None:
+        """Hint that ``models`` run next: keep them in host memory and bring them there now."""
+        self.store.hint(models)
+        for model in models:
+            if self.store.has_model(model):
+                self.load(model)
+
+    def materialize(self, model):
+        return self.store.materialize(model)
+
+    def drop(self, model):
+        return self.store.drop(model)
+
+    def record(self, model, transition, nbytes, seconds):
+        return self.store.record(model, transition, nbytes, seconds)
+
+    def set_resident(self, wpg, model, nbytes):
+        return self.store.set_resident(wpg, model, nbytes)
+
+    def estimate_load_seconds(self, model, wpg):
+        return self.store.estimate_load_seconds(model, wpg)
+
+    def stats(self):
+        return self.store.stats()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+def state_manager(data_dir: Path, *, host_budget: int | None = None, node_id: str | None = None):
+    """This node's StateManager, started on first use (one per node, found by name)."""
+    node_id = node_id or ray.get_runtime_context().get_node_id()
+    name = NAME.format(node=node_id[:12])
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        pass
+    return StateManager.options(
+        name=name, get_if_exists=True, lifetime="detached",
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+    ).remote(str(Path(data_dir) / "state"), str(default_host_dir(node_id[:12])), host_budget)

@@ -1,0 +1,725 @@
+"""The StateManager's store: every job's model state in three tiers under canonical keys.
+
+- **device**: resident in a WPG. The store owns no device memory; it records which models each WPG
+  holds, for accounting and setup-cost estimates.
+- **host**: one file per blob in a shared-memory folder of the node (``/dev/shm``). WPG ranks map
+  the files themselves (``engine.state.client``), so tensors never pass through the manager.
+- **disk**: safetensors files under ``<root>/blobs`` written by ``materialize``, and the read-only
+  weight files of registered base models, read through a memory map.
+
+A key ``StateKey(model, name, shard)`` names one slice of one logical tensor of one model (a
+deployment, or a base model); it points to a *blob*: one tensor's bytes. A blob whose content hash
+is known (``h-`` ids: registered base weights) is shared by every key with that content, so the
+base model under N jobs' frozen references is held once per tier; blobs a trainer wrote (``u-``
+ids) are not hashed, since trained weights differ anyway and hashing would slow every offload.
+Blobs are reference-counted by keys and freed, in every tier, when the last key goes.
+
+Durability: ``materialize(model)`` writes the model's blobs and then its manifest (fsynced, renamed
+into place); a store started on the same root reads the manifests back, so a crash after
+``materialize`` loses none of that state. The host tier is volatile and starts empty.
+
+Thread-safe: the Ray actor (``engine.state.manager``) calls it from several threads. Metadata
+changes happen under one lock; disk reads and writes happen outside it on pinned blobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import torch
+
+from engine.workers.layout import WHOLE, ShardSpec
+
+TRANSITIONS = ("disk->host", "host->device", "device->host", "host->disk")
+_CHUNK = 64 << 20  # bytes per read/write/hash call
+
+
+# -- keys, metadata, errors ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StateKey:
+    model: str  # a deployment ("job/role") or a base model id
+    name: str  # canonical (Hugging Face) tensor name; optimizer state is "<param>::<field>"
+    shard: ShardSpec = WHOLE
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    dtype: str  # torch dtype name without the "torch." prefix
+    shape: tuple[int, ...]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        n = torch.empty((), dtype=self.torch_dtype).element_size()
+        for d in self.shape:
+            n *= d
+        return n
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorMeta:
+        return cls(str(t.dtype).removeprefix("torch."), tuple(t.shape))
+
+    def describe(self) -> str:
+        return f"{self.dtype}{list(self.shape)}"
+
+
+class StateError(Exception):
+    """Base of the store's errors; every one leaves the store as it was before the call."""
+
+
+class UnknownKey(StateError, KeyError):
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class Mismatch(StateError, ValueError):
+    """A tensor's shape or dtype is not what the reader or writer expects."""
+
+
+class OverBudget(StateError, MemoryError):
+    """The host tier cannot make room for a request even after evicting all it may."""
+
+
+def shard_shape(meta: TensorMeta, whole: tuple[int, ...] | None, spec: ShardSpec) -> tuple[int, ...]:
+    if spec == WHOLE or whole is None:
+        return tuple(meta.shape)
+    shape = list(whole)
+    shape[spec.dim] //= spec.count
+    return tuple(shape)
+
+
+# -- blobs -----------------------------------------------------------------------------------------
+
+ABSENT, LOADING, WRITING, READY = "absent", "loading", "writing", "ready"
+
+
+@dataclass(frozen=True)
+class DiskLoc:
+    path: str
+    offset: int  # byte offset of the tensor's data in the file
+    owned: bool  # a blob file this store wrote (deleted with the blob); else a registered model file
+
+
+@dataclass
+class Blob:
+    id: str
+    meta: TensorMeta
+    refs: int = 0  # keys pointing at it
+    host: str = ABSENT
+    event: threading.Event = field(default_factory=threading.Event)  # set while not LOADING/WRITING
+    disk: DiskLoc | None = None
+    used: int = 0  # logical clock of the last read or write (eviction order)
+    pins: int = 0  # readers between plan and done, writers between reserve and commit
+
+    def __post_init__(self):
+        self.event.set()
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One stored slice a reader copies from: a host file (``path``; None for an empty tensor)."""
+
+    blob: str
+    path: str | None
+    meta: TensorMeta
+    shard: ShardSpec
+
+
+@dataclass(frozen=True)
+class ReadItem:
+    name: str
+    shard: ShardSpec  # the slice the reader asked for
+    pieces: tuple[Piece, ...]  # the stored slices that cover it
+
+
+@dataclass
+class _Reservation:
+    model: str
+    entries: list[tuple[StateKey, str]]  # key -> blob it will point to
+    new_blobs: list[str]
+    remove: list[StateKey]
+    pinned: list[str]
+
+
+def safetensors_index(path: Path) -> dict[str, tuple[TensorMeta, int]]:
+    """``{name: (meta, absolute data offset)}`` of a safetensors file, from its header only."""
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        meta = TensorMeta(_SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"]))
+        out[name] = (meta, 8 + header_len + entry["data_offsets"][0])
+    return out
+
+
+_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                       "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+                       "BOOL": "bool"}
+_SAFETENSORS_NAMES = {v: k for k, v in _SAFETENSORS_DTYPES.items()}
+
+
+def _write_safetensors_blob(path: Path, meta: TensorMeta, src: memoryview) -> int:
+    """Write one tensor named ``t`` as a safetensors file, fsynced; returns the data offset."""
+    header = json.dumps({"t": {"dtype": _SAFETENSORS_NAMES[meta.dtype], "shape": list(meta.shape),
+                               "data_offsets": [0, meta.nbytes]}}).encode()
+    header += b" " * (-len(header) % 8)  # data starts 8-byte aligned
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(header)))
+        f.write(header)
+        for i in range(0, len(src), _CHUNK):
+            f.write(src[i:i + _CHUNK])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return 8 + len(header)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _content_id(meta: TensorMeta, data: memoryview) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{meta.dtype}{meta.shape}".encode())
+    for i in range(0, len(data), _CHUNK):
+        h.update(data[i:i + _CHUNK])
+    return "h-" + h.hexdigest()
+
+
+def _map_file(path: str | Path, size: int, *, write: bool) -> mmap.mmap:
+    with open(path, "r+b" if write else "rb") as f:
+        return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_READ)
+
+
+def default_host_dir(node: str = "local") -> Path:
+    shm = Path("/dev/shm")  # noqa: S108 - the node's shared memory, in a folder of this user
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return base / f"plexrl-{os.getuid()}" / node
+
+
+def default_host_budget() -> int:
+    """Half of the node's memory, at most what the shared-memory folder can hold."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    budget = total // 2
+    try:
+        stat = os.statvfs(default_host_dir().parent.parent)
+        budget = min(budget, stat.f_bavail * stat.f_frsize)
+    except OSError:
+        pass
+    return budget
+
+
+# -- the store -------------------------------------------------------------------------------------
+
+
+class StateStore:
+    def __init__(self, root: Path, host_dir: Path, host_budget: int | None = None):
+        self.root = Path(root)
+        self.host_dir = Path(host_dir)
+        self.host_budget = default_host_budget() if host_budget is None else int(host_budget)
+        self._lock = threading.Lock()
+        self._clock = 0
+        self.blobs: dict[str, Blob] = {}
+        self.models: dict[str, dict[tuple[str, ShardSpec], str]] = {}  # model -> (name, shard) -> blob
+        self.host_bytes = 0  # READY + WRITING + LOADING blobs (reserved bytes count at once)
+        self.soon: set[str] = set()  # models a prefetch hint says are needed next
+        self.resident: dict[str, dict[str, int]] = defaultdict(dict)  # wpg -> model -> bytes
+        self.transfers: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0])
+        self._reservations: dict[str, _Reservation] = {}
+        self._reads: dict[str, list[str]] = {}
+        for sub in ("blobs", "manifests"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.host_dir, ignore_errors=True)  # the host tier is volatile: never trusted
+        self.host_dir.mkdir(parents=True, exist_ok=True)
+        self._recover()
+
+    # -- bookkeeping helpers (call with the lock held) -----------------------------------------
+    def _tick(self, blob: Blob) -> None:
+        self._clock += 1
+        blob.used = self._clock
+
+    def _host_path(self, blob_id: str) -> Path:
+        return self.host_dir / blob_id
+
+    def _keys_of(self, model: str) -> dict[tuple[str, ShardSpec], str]:
+        try:
+            return self.models[model]
+        except KeyError:
+            raise UnknownKey(f"no state for model {model!r}") from None
+
+    def _point(self, model: str, name: str, shard: ShardSpec, blob_id: str) -> None:
+        keys = self.models.setdefault(model, {})
+        old = keys.get((name, shard))
+        self.blobs[blob_id].refs += 1
+        keys[(name, shard)] = blob_id
+        if old is not None:
+            self._decref(old)
+
+    def _unpoint(self, model: str, name: str, shard: ShardSpec) -> None:
+        old = self.models[model].pop((name, shard))
+        self._decref(old)
+
+    def _decref(self, blob_id: str) -> None:
+        blob = self.blobs[blob_id]
+        blob.refs -= 1
+        if blob.refs == 0 and blob.pins == 0:
+            self._free(blob)
+
+    def _free(self, blob: Blob) -> None:
+        if blob.host in (READY, WRITING):
+            self._host_path(blob.id).unlink(missing_ok=True)
+            self.host_bytes -= blob.meta.nbytes
+        if blob.disk is not None and blob.disk.owned:
+            Path(blob.disk.path).unlink(missing_ok=True)
+        del self.blobs[blob.id]
+
+    def _unpin(self, blob_ids: Iterable[str]) -> None:
+        for b in blob_ids:
+            blob = self.blobs[b]
+            blob.pins -= 1
+            if blob.refs == 0 and blob.pins == 0:
+                self._free(blob)
+
+    def record(self, model: str, transition: str, nbytes: int, seconds: float) -> None:
+        """Account one transition's bytes and seconds (ranks report device <-> host copies)."""
+        if transition not in TRANSITIONS:
+            raise ValueError(f"unknown transition {transition!r}; known: {', '.join(TRANSITIONS)}")
+        with self._lock:
+            entry = self.transfers[(model, transition)]
+            entry[0] += int(nbytes)
+            entry[1] += float(seconds)
+            entry[2] += 1
+
+    # -- registering and forking ---------------------------------------------------------------
+    def register_model(self, model: str, folder: Path) -> dict[str, int]:
+        """Make a Hugging Face model folder's weights the disk state of ``model`` (idempotent).
+
+        The files stay where they are (read-only, never deleted); each tensor's content hash is
+        computed once, so identical weights registered under several names share one blob."""
+        files = sorted(Path(folder).glob("*.safetensors"))
+        if not files:
+            raise UnknownKey(f"no *.safetensors weights in {folder}")
+        with self._lock:
+            if model in self.models:
+                return {"tensors": len(self.models[model]), "bytes": self._model_bytes(model)}
+        entries = []
+        for f in files:
+            index = safetensors_index(f)
+            with open(f, "rb") as fh:
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if f.stat().st_size else None
+                try:
+                    for name, (meta, offset) in index.items():
+                        view = memoryview(mm)[offset:offset + meta.nbytes] if mm else memoryview(b"")
+                        entries.append((name, meta, _content_id(meta, view), DiskLoc(str(f), offset, False)))
+                        view.release()
+                finally:
+                    if mm is not None:
+                        mm.close()
+        with self._lock:
+            if model in self.models:  # registered by a concurrent call meanwhile
+                return {"tensors": len(self.models[model]), "bytes": self._model_bytes(model)}
+            for name, meta, blob_id, loc in entries:
+                blob = self.blobs.setdefault(blob_id, Blob(blob_id, meta))
+                if blob.disk is None:
+                    blob.disk = loc
+                self._point(model, name, WHOLE, blob_id)
+            return {"tensors": len(entries), "bytes": self._model_bytes(model)}
+
+    def fork(self, src: str, dst: str) -> None:
+        """``dst`` starts as ``src``: its keys point to the same blobs (no bytes are copied)."""
+        with self._lock:
+            keys = dict(self._keys_of(src))
+            if dst in self.models:
+                raise StateError(f"model {dst!r} already has state")
+            for (name, shard), blob_id in keys.items():
+                self._point(dst, name, shard, blob_id)
+
+    def has_model(self, model: str) -> bool:
+        with self._lock:
+            return model in self.models
+
+    def keys(self, model: str) -> dict[tuple[str, ShardSpec], TensorMeta]:
+        with self._lock:
+            return {k: self.blobs[b].meta for k, b in self._keys_of(model).items()}
+
+    def _model_bytes(self, model: str) -> int:
+        return sum(self.blobs[b].meta.nbytes for b in self.models.get(model, {}).values())
+
+    # -- reading (disk -> host, then the reader copies host -> device) --------------------------
+    def _pieces_for(self, model: str, name: str, want: ShardSpec) -> list[tuple[ShardSpec, str]]:
+        """The fewest stored slices of ``name`` that cover ``want``: the slice itself, the whole
+        tensor (the reader takes a view), the stored shards it is made of, or all of them."""
+        stored = {s: b for (n, s), b in self._keys_of(model).items() if n == name}
+        if not stored:
+            raise UnknownKey(f"model {model!r} has no tensor {name!r}")
+        if want in stored:
+            return [(want, stored[want])]
+        if WHOLE in stored:
+            return [(WHOLE, stored[WHOLE])]
+        for dim, count in sorted({(s.dim, s.count) for s in stored}):
+            parts = [ShardSpec(dim, i, count) for i in range(count)]
+            if not all(p in stored for p in parts):
+                continue
+            if want.dim == dim and count % want.count == 0:
+                per = count // want.count
+                parts = parts[want.index * per:(want.index + 1) * per]
+            return [(p, stored[p]) for p in parts]
+        raise UnknownKey(f"model {model!r} has no complete set of shards of {name!r}")
+
+    def plan_read(self, model: str, wants: Sequence[tuple[str, ShardSpec]]) -> tuple[str, list[ReadItem]]:
+        """Make the stored slices that cover ``wants`` present in the host tier (loading them from
+        disk, evicting others if the budget needs it) and pin them until ``done_read(token)``.
+        Returns ``(token, items)``; the reader maps each piece's host file and copies from it."""
+        with self._lock:
+            covering = [(name, want, self._pieces_for(model, name, want)) for name, want in wants]
+            needed = list(dict.fromkeys(b for _, _, parts in covering for _, b in parts))
+            for b in needed:
+                self.blobs[b].pins += 1
+            try:
+                to_load = [self.blobs[b] for b in needed if self.blobs[b].host == ABSENT]
+                self._make_room(sum(b.meta.nbytes for b in to_load), protect=set(needed))
+            except StateError:
+                self._unpin(needed)
+                raise
+            for blob in to_load:
+                blob.host = LOADING
+                blob.event.clear()
+                self.host_bytes += blob.meta.nbytes
+            waits = [self.blobs[b] for b in needed if self.blobs[b].host in (LOADING, WRITING)]
+        started, loaded = time.perf_counter(), 0
+        try:
+            for blob in to_load:
+                self._load_from_disk(blob)
+                loaded += blob.meta.nbytes
+        except BaseException:
+            with self._lock:
+                for blob in to_load:
+                    if blob.host == LOADING:
+                        self._host_path(blob.id).unlink(missing_ok=True)
+                        self.host_bytes -= blob.meta.nbytes
+                        blob.host = ABSENT
+                        blob.event.set()
+                self._unpin(needed)
+            raise
+        if to_load:
+            self.record(model, "disk->host", loaded, time.perf_counter() - started)
+        for blob in waits:
+            blob.event.wait()
+        with self._lock:
+            items = []
+            for name, want, parts in covering:
+                pieces = []
+                for shard, b in parts:
+                    blob = self.blobs[b]
+                    self._tick(blob)
+                    path = str(self._host_path(b)) if blob.meta.nbytes else None
+                    pieces.append(Piece(b, path, blob.meta, shard))
+                items.append(ReadItem(name, want, tuple(pieces)))
+            token = uuid.uuid4().hex
+            self._reads[token] = needed
+            return token, items
+
+    def _load_from_disk(self, blob: Blob) -> None:
+        if blob.disk is None:
+            raise StateError(f"blob {blob.id} is in no tier")  # pragma: no cover - invariant
+        path = self._host_path(blob.id)
+        n = blob.meta.nbytes
+        with open(path, "wb") as out:
+            out.truncate(n)
+        if n:
+            mm = _map_file(path, n, write=True)
+            try:
+                with open(blob.disk.path, "rb") as src:
+                    src.seek(blob.disk.offset)
+                    view = memoryview(mm)
+                    done = 0
+                    while done < n:
+                        got = src.readinto(view[done:min(n, done + _CHUNK)])
+                        if not got:
+                            raise StateError(f"{blob.disk.path} ends before blob {blob.id}")
+                        done += got
+                    view.release()
+            finally:
+                mm.close()
+        with self._lock:
+            blob.host = READY
+            blob.event.set()
+
+    def done_read(self, token: str) -> None:
+        with self._lock:
+            self._unpin(self._reads.pop(token, []))
+
+    # -- writing (device -> host) ----------------------------------------------------------------
+    def reserve(
+        self, model: str, writes: Sequence[tuple[str, ShardSpec, TensorMeta]],
+        keeps: Sequence[tuple[str, ShardSpec, str]] = (), remove: Sequence[tuple[str, ShardSpec]] = (),
+    ) -> tuple[str, list[str | None]]:
+        """Start writing part of ``model``'s state: ``writes`` get new host files (their paths are
+        returned, in order; None for an empty tensor), ``keeps`` re-point keys to blobs the writer
+        read and did not change (no bytes move), ``remove`` deletes keys. Nothing is visible until
+        ``commit(token)``; ``abort(token)`` undoes the reservation."""
+        for name, _, meta in writes:
+            if not isinstance(meta, TensorMeta):
+                raise Mismatch(f"{name}: bad tensor metadata {meta!r}")
+        with self._lock:
+            for name, _, blob_id in keeps:
+                if blob_id not in self.blobs:
+                    raise UnknownKey(f"{name}: no blob {blob_id} to keep")
+            known = self.models.get(model, {})
+            for name, shard in remove:
+                if (name, shard) not in known:
+                    raise UnknownKey(f"model {model!r} has no key {name!r} {shard} to remove")
+            size = sum(meta.nbytes for _, _, meta in writes)
+            self._make_room(size, protect={b for _, _, b in keeps})
+            entries, new_blobs, paths = [], [], []
+            for name, shard, meta in writes:
+                blob = Blob("u-" + uuid.uuid4().hex, meta, host=WRITING, pins=1)
+                blob.event.clear()
+                self.blobs[blob.id] = blob
+                new_blobs.append(blob.id)
+                entries.append((StateKey(model, name, shard), blob.id))
+                path = self._host_path(blob.id)
+                with open(path, "wb") as f:
+                    f.truncate(meta.nbytes)
+                paths.append(str(path) if meta.nbytes else None)
+            self.host_bytes += size
+            pinned = []
+            for name, shard, blob_id in keeps:
+                self.blobs[blob_id].pins += 1
+                pinned.append(blob_id)
+                entries.append((StateKey(model, name, shard), blob_id))
+            token = uuid.uuid4().hex
+            self._reservations[token] = _Reservation(model, entries, new_blobs,
+                                                     [StateKey(model, n, s) for n, s in remove], pinned)
+            return token, paths
+
+    def commit(self, token: str) -> None:
+        """Make a reservation's keys point at what was written. A key of another layout of the
+        same tensor (another shard count or dim) is replaced by the new one."""
+        with self._lock:
+            res = self._reservations.pop(token, None)
+            if res is None:
+                raise StateError(f"no reservation {token!r}")
+            for b in res.new_blobs:
+                blob = self.blobs[b]
+                blob.host = READY
+                blob.event.set()
+                self._tick(blob)
+            keys = self.models.setdefault(res.model, {})
+            for key in res.remove:
+                if (key.name, key.shard) in keys:
+                    self._unpoint(res.model, key.name, key.shard)
+            for key, blob_id in res.entries:
+                for name, shard in list(keys):
+                    if name == key.name and shard != key.shard and (
+                        (shard.dim, shard.count) != (key.shard.dim, key.shard.count)
+                    ):
+                        self._unpoint(res.model, name, shard)
+                self._point(res.model, key.name, key.shard, blob_id)
+            self._unpin(res.new_blobs + res.pinned)
+
+    def abort(self, token: str) -> None:
+        with self._lock:
+            res = self._reservations.pop(token, None)
+            if res is not None:
+                self._unpin(res.new_blobs + res.pinned)
+
+    # -- host budget -----------------------------------------------------------------------------
+    def _make_room(self, nbytes: int, protect: set[str]) -> None:
+        """Evict host copies until ``nbytes`` more fit the budget, or raise OverBudget having
+        evicted nothing. Order: blobs with a disk copy (free to drop, cheap to reload) before those
+        that must be written first; models not announced by a prefetch hint first; least recently
+        used first."""
+        free = self.host_budget - self.host_bytes
+        if nbytes <= free:
+            return
+        soon_blobs = {b for m in self.soon for b in self.models.get(m, {}).values()}
+        candidates = [
+            b for b in self.blobs.values()
+            if b.host == READY and b.pins == 0 and b.id not in protect and b.meta.nbytes
+        ]
+        if free + sum(b.meta.nbytes for b in candidates) < nbytes:
+            raise OverBudget(
+                f"host tier: {nbytes} bytes requested, {max(free, 0)} free of a {self.host_budget}-byte "
+                f"budget and {sum(b.meta.nbytes for b in candidates)} evictable"
+            )
+        candidates.sort(key=lambda b: (b.disk is None, b.id in soon_blobs, b.used))
+        for blob in candidates:
+            if free >= nbytes:
+                break
+            if blob.disk is None:
+                self._write_blob_file(blob)
+            self._host_path(blob.id).unlink(missing_ok=True)
+            blob.host = ABSENT
+            self.host_bytes -= blob.meta.nbytes
+            free += blob.meta.nbytes
+
+    def hint(self, models: Iterable[str]) -> None:
+        """Prefetch hint: these models are needed next (evicted last; see ``_make_room``)."""
+        with self._lock:
+            self.soon = set(models)
+
+    # -- disk (host -> disk) ---------------------------------------------------------------------
+    def _write_blob_file(self, blob: Blob) -> int:
+        """Write a host blob to its own safetensors file (fsynced); returns bytes written."""
+        path = self.root / "blobs" / f"{blob.id}.safetensors"
+        n = blob.meta.nbytes
+        if n:
+            mm = _map_file(self._host_path(blob.id), n, write=False)
+            try:
+                offset = _write_safetensors_blob(path, blob.meta, memoryview(mm))
+            finally:
+                mm.close()
+        else:
+            offset = _write_safetensors_blob(path, blob.meta, memoryview(b""))
+        blob.disk = DiskLoc(str(path), offset, True)
+        return n
+
+    def materialize(self, model: str) -> dict[str, Any]:
+        """Write ``model``'s state to disk: every blob without a disk copy, then the manifest. When
+        this returns, a crash of the store loses nothing of the model's state as of the call."""
+        started = time.perf_counter()
+        with self._lock:
+            keys = dict(self._keys_of(model))
+            ids = list(dict.fromkeys(keys.values()))
+            for b in ids:
+                self.blobs[b].pins += 1
+        written = 0
+        try:
+            for b in ids:
+                blob = self.blobs[b]
+                blob.event.wait()
+                if blob.disk is None:
+                    written += self._write_blob_file(blob)
+            manifest = {
+                "model": model,
+                "tensors": [
+                    {"name": name, "shard": [shard.dim, shard.index, shard.count], "blob": b,
+                     "dtype": self.blobs[b].meta.dtype, "shape": list(self.blobs[b].meta.shape),
+                     "path": self.blobs[b].disk.path, "offset": self.blobs[b].disk.offset,
+                     "owned": self.blobs[b].disk.owned}
+                    for (name, shard), b in keys.items()
+                ],
+            }
+            path = self._manifest_path(model)
+            tmp = path.with_name(path.name + ".tmp")
+            with open(tmp, "w") as f:
+                json.dump(manifest, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+            _fsync_dir(self.root / "blobs")
+        finally:
+            with self._lock:
+                self._unpin(ids)
+        seconds = time.perf_counter() - started
+        self.record(model, "host->disk", written, seconds)
+        return {"bytes": written, "seconds": seconds, "tensors": len(keys)}
+
+    def _manifest_path(self, model: str) -> Path:
+        return self.root / "manifests" / (quote(model, safe="") + ".json")
+
+    def _recover(self) -> None:
+        """Rebuild keys and blobs from the manifests ``materialize`` wrote (host tier empty)."""
+        for path in sorted((self.root / "manifests").glob("*.json")):
+            manifest = json.loads(path.read_text())
+            for t in manifest["tensors"]:
+                meta = TensorMeta(t["dtype"], tuple(t["shape"]))
+                blob = self.blobs.setdefault(t["blob"], Blob(t["blob"], meta))
+                if blob.disk is None:
+                    blob.disk = DiskLoc(t["path"], t["offset"], t["owned"])
+                self._point(manifest["model"], t["name"], ShardSpec(*t["shard"]), t["blob"])
+        live = {b.disk.path for b in self.blobs.values() if b.disk is not None}
+        for f in (self.root / "blobs").iterdir():  # written by a materialize that never finished
+            if str(f) not in live:
+                f.unlink()
+
+    # -- dropping --------------------------------------------------------------------------------
+    def drop(self, model: str) -> None:
+        """Forget ``model``'s state in every tier (blobs other models share stay)."""
+        with self._lock:
+            keys = self._keys_of(model)
+            for name, shard in list(keys):
+                self._unpoint(model, name, shard)
+            del self.models[model]
+            self.soon.discard(model)
+            for held in self.resident.values():
+                held.pop(model, None)
+        self._manifest_path(model).unlink(missing_ok=True)
+
+    # -- device tier bookkeeping and accounting --------------------------------------------------
+    def set_resident(self, wpg: str, model: str, nbytes: int | None) -> None:
+        """Record that ``wpg`` holds ``model`` on its devices (``nbytes``) or no longer does (None)."""
+        with self._lock:
+            if nbytes is None:
+                self.resident[wpg].pop(model, None)
+            else:
+                self.resident[wpg][model] = int(nbytes)
+
+    def bandwidth(self, transition: str) -> float | None:
+        """Measured bytes per second of a transition over every model so far (None: none yet)."""
+        with self._lock:
+            nbytes = sum(v[0] for (_, t), v in self.transfers.items() if t == transition)
+            seconds = sum(v[1] for (_, t), v in self.transfers.items() if t == transition)
+        return nbytes / seconds if seconds > 0 else None
+
+    def estimate_load_seconds(self, model: str, wpg: str) -> float:
+        """Setup cost of making ``model`` resident on ``wpg``: zero if it is; else its bytes over
+        the measured host->device bandwidth, plus disk->host for the part not in host memory."""
+        with self._lock:
+            if model in self.resident.get(wpg, {}):
+                return 0.0
+            blobs = [self.blobs[b] for b in set(self._keys_of(model).values())]
+        total = sum(b.meta.nbytes for b in blobs)
+        cold = sum(b.meta.nbytes for b in blobs if b.host == ABSENT)
+        seconds = 0.0
+        for transition, nbytes in (("host->device", total), ("disk->host", cold)):
+            bw = self.bandwidth(transition)
+            if nbytes and bw:
+                seconds += nbytes / bw
+        return seconds
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            host = [b for b in self.blobs.values() if b.host == READY]
+            disk = [b for b in self.blobs.values() if b.disk is not None]
+            per_model: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+            for (model, transition), (nbytes, seconds, count) in self.transfers.items():
+                per_model[model][transition] = {"bytes": nbytes, "seconds": seconds, "count": count}
+            logical = {m: sum(self.blobs[b].meta.nbytes for b in keys.values()) for m, keys in self.models.items()}
+            return {
+                "host": {"bytes": self.host_bytes, "blobs": len(host), "budget": self.host_budget},
+                "disk": {"bytes": sum(b.meta.nbytes for b in disk), "blobs": len(disk)},
+                "device": {wpg: dict(held) for wpg, held in self.resident.items() if held},
+                "models": logical,
+                "transfers": dict(per_model),
+            }
