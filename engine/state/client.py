@@ -10,6 +10,7 @@ the call running now, and ``take`` collects it.
 from __future__ import annotations
 
 import mmap
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -72,7 +73,8 @@ class StateClient:
         self.manager = manager if self._connect is None else self._connect()
         self.wpg = wpg
         self._pool: ThreadPoolExecutor | None = None
-        self._staged: dict[str, Future] = {}
+        self._staged: dict[str, tuple[int, Future]] = {}
+        self._lock = threading.Lock()
 
     def call(self, method: str, *args, **kwargs) -> Any:
         if isinstance(self.manager, StateStore):
@@ -151,20 +153,33 @@ class StateClient:
         self.call("record", model, "host->device", nbytes, time.perf_counter() - started)
         return out, clean
 
-    def prefetch(self, model: str, wants: Sequence[Key], *, device: torch.device | str = "cpu") -> None:
-        """Start reading ``model``'s ``wants`` into new device tensors in the background."""
-        if model in self._staged:
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-prefetch")
-        self._staged[model] = self._pool.submit(self.read, model, list(wants), device=device)
+    def prefetch(
+        self, model: str, wants: Sequence[Key], *, device: torch.device | str = "cpu", version: int = 0,
+    ) -> None:
+        """Start reading ``model``'s ``wants`` into new device tensors in the background.
+        ``version``: which state of the model this is; ``take`` returns it only for that version."""
+        with self._lock:
+            if model in self._staged:
+                return
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-prefetch")
+            self._staged[model] = (version, self._pool.submit(self.read, model, list(wants), device=device))
 
-    def take(self, model: str) -> tuple[dict[Key, torch.Tensor], dict[Key, str]] | None:
-        """The prefetched tensors of ``model`` (waiting for them), or None if none were started."""
-        future = self._staged.pop(model, None)
-        return None if future is None else future.result()
+    def take(self, model: str, version: int = 0) -> tuple[dict[Key, torch.Tensor], dict[Key, str]] | None:
+        """The prefetched tensors of ``model`` (waiting for them) if a prefetch of this ``version``
+        was started, else None (a read of an older version is dropped)."""
+        with self._lock:
+            staged = self._staged.pop(model, None)
+        if staged is None:
+            return None
+        tag, future = staged
+        if tag != version:
+            future.cancel()
+            return None
+        return future.result()
 
     def discard(self, model: str) -> None:
-        future = self._staged.pop(model, None)
-        if future is not None:
-            future.cancel()
+        with self._lock:
+            staged = self._staged.pop(model, None)
+        if staged is not None:
+            staged[1].cancel()

@@ -38,6 +38,7 @@ class Residency:
     resident: bool = True
     dirty: bool = True
     keys: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
+    version: int = 0  # bumped whenever the stored state changes (a prefetch of an older one is void)
 
 
 class BackendKind(enum.StrEnum):

@@ -40,7 +40,7 @@ class Swapping:
     host_budget: int | None = None
 
 
-@ray.remote(num_cpus=0)
+@ray.remote(num_cpus=0, concurrency_groups={"hints": 1})
 class WorkerRank:
     """One rank of a WPG. Executes calls one at a time, in submission order (Ray actor order).
 
@@ -63,7 +63,8 @@ class WorkerRank:
         self.backend = backend_class(kind)(rank=rank, world_size=world_size, data_dir=Path(data_dir), **extra)
         self.swapping = swapping
         self.lru: collections.OrderedDict[tuple, None] = collections.OrderedDict()
-        self.swaps = {"in": 0, "out": 0, "in_bytes": 0, "out_bytes": 0, "in_seconds": 0.0, "out_seconds": 0.0}
+        self.swaps = {"in": 0, "out": 0, "in_bytes": 0, "out_bytes": 0, "in_seconds": 0.0, "out_seconds": 0.0,
+                      "in_prefetched": 0}
         if swapping is not None:
             from engine.state.client import StateClient
             from engine.state.manager import state_manager
@@ -96,6 +97,8 @@ class WorkerRank:
         self.swaps[direction] += 1
         self.swaps[f"{direction}_bytes"] += result["bytes"]
         self.swaps[f"{direction}_seconds"] += result["seconds"]
+        if result.get("prefetched"):
+            self.swaps["in_prefetched"] += 1
 
     def _make_room(self, keep) -> None:
         if self.swapping is None:
@@ -123,8 +126,10 @@ class WorkerRank:
             self._count("out", result)
         return result
 
+    @ray.method(concurrency_group="hints")
     def prefetch(self, deployment) -> None:
-        """Hint: ``deployment`` runs next here; start reading its state in the background."""
+        """Hint: ``deployment`` runs next here; start reading its state in the background. Served
+        in its own thread, so it starts while the current call runs (the calls keep their order)."""
         self.backend.prefetch(tuple(deployment))
 
     def materialize(self, deployment) -> list[dict[str, Any]]:

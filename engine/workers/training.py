@@ -98,6 +98,7 @@ class TrainingBackend(Backend):
                 out["bytes"] += client.write(model, tensors, remove=gone)["bytes"]
                 res.keys[model] = list(tensors)
             res.dirty = False
+            res.version += 1
         if release:
             self._release(deployment, state)
             res.resident = False
@@ -110,7 +111,7 @@ class TrainingBackend(Backend):
         state = self.states[deployment]
         if not state.res.resident:
             for model, keys in state.res.keys.items():
-                self._client().prefetch(model, keys, device=self.device)
+                self._client().prefetch(model, keys, device=self.device, version=state.res.version)
 
     def swap_in(self, deployment):
         state = self.states[deployment]
@@ -120,9 +121,11 @@ class TrainingBackend(Backend):
         client = self._client()
         started = time.perf_counter()
         tensors: StateTensors = {}
+        prefetched = 0
         for model, keys in res.keys.items():
-            got = client.take(model) or client.read(model, keys, device=self.device)
-            tensors[model] = got[0]
+            got = client.take(model, res.version)
+            prefetched += got is not None
+            tensors[model] = (got or client.read(model, keys, device=self.device))[0]
         self._import_state(deployment, state, tensors)
         res.resident, res.dirty = True, False
         nbytes = 0
@@ -130,7 +133,7 @@ class TrainingBackend(Backend):
             size = sum(t.numel() * t.element_size() for t in ts.values())
             client.call("set_resident", client.wpg, model, size)
             nbytes += size
-        return {"bytes": nbytes, "seconds": time.perf_counter() - started}
+        return {"bytes": nbytes, "seconds": time.perf_counter() - started, "prefetched": prefetched}
 
     def _forget(self, deployment) -> None:
         """Drop a deployment everywhere: this rank and (rank 0) the StateManager."""

@@ -113,3 +113,24 @@ def test_killed_state_manager_loses_nothing_materialized(swap_group, worker_grou
     assert a.optim_step().result() == a_ref.optim_step().result()
     stats = ray.get(_manager().stats.remote())
     assert stats["transfers"][f"{job}/policy"]["disk->host"]["bytes"] > 0
+
+
+def test_prefetch_one_call_ahead_is_used_and_changes_nothing(swap_group, worker_group, job):
+    swapped, plain = Client(Router([swap_group])), Client(Router([worker_group]))
+    jobs = [f"{job}-a", f"{job}-b"]
+    pairs = {n: tuple(c.create_model(n, "policy", "tiny-arith", trainable=True) for c in (swapped, plain))
+             for n in jobs}
+    batch = _batch(plain, pairs[jobs[0]][1], PROBLEMS[2])
+    before = ray.get(swap_group.ranks[0].swap_stats.remote())
+    for i in range(6):
+        name, following = jobs[i % 2], jobs[(i + 1) % 2]
+        results = []
+        for k, handle in enumerate(pairs[name]):
+            logp = handle.forward(batch).result().logprobs  # by now the other job is swapped out
+            fb = handle.forward_backward(batch, "cross_entropy")
+            if k == 0:  # while this job's call runs, the next job's state is read in
+                swap_group.prefetch((following, "policy"))
+            results.append((logp.tolist(), fb.result().loss, handle.optim_step().result()))
+        assert results[0] == results[1], f"round {i}"
+    stats = ray.get(swap_group.ranks[0].swap_stats.remote())
+    assert stats["in_prefetched"] - before["in_prefetched"] >= 5
