@@ -8,7 +8,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -401,7 +400,6 @@ def bench_state(*, size_mb: float, jobs: int, repeats: int, progress: bool = Fal
     from engine.runtime import LocalEngine
     from engine.state.client import StateClient
     from engine.state.manager import state_manager
-    from engine.state.store import default_host_dir
     from engine.workers.devices import worker_device
     from engine.workers.group import Swapping, WorkerGroup
     from engine.workers.layout import WHOLE
@@ -416,12 +414,7 @@ def bench_state(*, size_mb: float, jobs: int, repeats: int, progress: bool = Fal
         tok = save_bench_model(model_dir, size_mb * MB)
         bar.update(1)
         batch = _train_batch(tok, sample_problems(np.random.default_rng(1), FB_BATCH), FB_BATCH)
-        owns_ray = not ray.is_initialized()
-        host_dirs: list[Path] = []  # the host tier's folder outlives the StateManager: removed after Ray stops
-        stack.callback(lambda: [shutil.rmtree(d, ignore_errors=True) for d in host_dirs])
-        engine = stack.enter_context(LocalEngine())
-        if owns_ray:
-            host_dirs.append(default_host_dir(ray.get_runtime_context().get_node_id()[:12]))
+        engine = stack.enter_context(LocalEngine())  # its shutdown frees the host tier's shared memory
         threads = engine.config.threads_per_rank
         group = WorkerGroup.start("bench-state-0", threads=threads, data_dir=engine.data_dir,
                                   swapping=Swapping(max_resident=1))

@@ -101,6 +101,9 @@ class LocalEngine:
             g.shutdown()
         self.groups.clear()
         if self._owns_ray and ray.is_initialized():
+            from engine.state.manager import stop_state_manager
+
+            stop_state_manager()
             ray.shutdown()
 
     def run_job(

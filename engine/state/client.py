@@ -110,13 +110,11 @@ class StateClient:
                 if path is not None:
                     map_host(path, meta, write=True).copy_(t)
                     nbytes += meta.nbytes
-            self.call("commit", token)
         except BaseException:
             self.call("abort", token)
             raise
-        seconds = time.perf_counter() - started
-        self.call("record", model, "device->host", nbytes, seconds)
-        return {"bytes": nbytes, "seconds": seconds}
+        self.call("commit", token, time.perf_counter() - started)
+        return {"bytes": nbytes, "seconds": time.perf_counter() - started}
 
     # -- host -> device --------------------------------------------------------------------------
     def read(
@@ -131,6 +129,7 @@ class StateClient:
         out: dict[Key, torch.Tensor] = {}
         clean: dict[Key, str] = {}
         nbytes = 0
+        record = None
         try:
             for item in items:
                 key = (item.name, item.shard)
@@ -148,9 +147,9 @@ class StateClient:
                 nbytes += src.numel() * src.element_size()
                 if len(item.pieces) == 1 and item.pieces[0].shard == item.shard:
                     clean[key] = item.pieces[0].blob
+            record = (model, nbytes, time.perf_counter() - started)
         finally:
-            self.call("done_read", token)
-        self.call("record", model, "host->device", nbytes, time.perf_counter() - started)
+            self.call("done_read", token, record)
         return out, clean
 
     def prefetch(

@@ -40,14 +40,14 @@ class StateManager:
     def plan_read(self, model, wants):
         return self.store.plan_read(model, wants)
 
-    def done_read(self, token):
-        return self.store.done_read(token)
+    def done_read(self, token, record=None):
+        return self.store.done_read(token, record)
 
     def reserve(self, model, writes, keeps=(), remove=()):
         return self.store.reserve(model, writes, keeps, remove)
 
-    def commit(self, token):
-        return self.store.commit(token)
+    def commit(self, token, seconds=None):
+        return self.store.commit(token, seconds)
 
     def abort(self, token):
         return self.store.abort(token)
@@ -84,6 +84,9 @@ class StateManager:
     def stats(self):
         return self.store.stats()
 
+    def close(self) -> None:
+        self.store.close()
+
     def pid(self) -> int:
         import os
 
@@ -102,3 +105,17 @@ def state_manager(data_dir: Path, *, host_budget: int | None = None, node_id: st
         name=name, get_if_exists=True, lifetime="detached",
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
     ).remote(str(Path(data_dir) / "state"), str(default_host_dir(node_id[:12])), host_budget)
+
+
+def stop_state_manager() -> None:
+    """Stop this node's StateManager, if one runs, and free its shared memory (its disk state
+    stays for the next one). Called when the engine shuts down."""
+    name = NAME.format(node=ray.get_runtime_context().get_node_id()[:12])
+    try:
+        manager = ray.get_actor(name)
+    except ValueError:
+        return
+    try:
+        ray.get(manager.close.remote(), timeout=30)
+    finally:
+        ray.kill(manager, no_restart=True)

@@ -250,6 +250,11 @@ class StateStore:
         self.blobs: dict[str, Blob] = {}
         self.models: dict[str, dict[tuple[str, ShardSpec], str]] = {}  # model -> (name, shard) -> blob
         self.host_bytes = 0  # READY + WRITING + LOADING blobs (reserved bytes count at once)
+        # Host files of freed blobs, by size, kept for the next blob of that size: a job swapped
+        # out again writes into pages that are already mapped in, instead of faulting in and
+        # zeroing fresh ones. They count against the budget and are the first thing evicted.
+        self.pool: dict[int, list[Path]] = defaultdict(list)
+        self.pool_bytes = 0
         self.soon: set[str] = set()  # models a prefetch hint says are needed next
         self.resident: dict[str, dict[str, int]] = defaultdict(dict)  # wpg -> model -> bytes
         self.transfers: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0])
@@ -293,10 +298,29 @@ class StateStore:
         if blob.refs == 0 and blob.pins == 0:
             self._free(blob)
 
+    def _new_host_file(self, blob: Blob) -> Path:
+        """The host file of a blob about to be written: a pooled file of its size, else a new one."""
+        path, n = self._host_path(blob.id), blob.meta.nbytes
+        if n and self.pool[n]:
+            os.replace(self.pool[n].pop(), path)
+            self.pool_bytes -= n
+        else:
+            with open(path, "wb") as f:
+                f.truncate(n)
+        return path
+
+    def _drop_host_file(self, blob: Blob) -> None:
+        n = blob.meta.nbytes
+        if n:
+            spare = self.host_dir / f"pool-{uuid.uuid4().hex}"
+            os.replace(self._host_path(blob.id), spare)
+            self.pool[n].append(spare)
+            self.pool_bytes += n
+        self.host_bytes -= n
+
     def _free(self, blob: Blob) -> None:
         if blob.host in (READY, WRITING):
-            self._host_path(blob.id).unlink(missing_ok=True)
-            self.host_bytes -= blob.meta.nbytes
+            self._drop_host_file(blob)
         if blob.disk is not None and blob.disk.owned:
             Path(blob.disk.path).unlink(missing_ok=True)
         del self.blobs[blob.id]
@@ -423,8 +447,10 @@ class StateStore:
             with self._lock:
                 for blob in to_load:
                     if blob.host == LOADING:
-                        self._host_path(blob.id).unlink(missing_ok=True)
-                        self.host_bytes -= blob.meta.nbytes
+                        if self._host_path(blob.id).exists():
+                            self._drop_host_file(blob)
+                        else:
+                            self.host_bytes -= blob.meta.nbytes
                         blob.host = ABSENT
                         blob.event.set()
                 self._unpin(needed)
@@ -450,10 +476,9 @@ class StateStore:
     def _load_from_disk(self, blob: Blob) -> None:
         if blob.disk is None:
             raise StateError(f"blob {blob.id} is in no tier")  # pragma: no cover - invariant
-        path = self._host_path(blob.id)
+        with self._lock:
+            path = self._new_host_file(blob)
         n = blob.meta.nbytes
-        with open(path, "wb") as out:
-            out.truncate(n)
         if n:
             mm = _map_file(path, n, write=True)
             try:
@@ -473,9 +498,13 @@ class StateStore:
             blob.host = READY
             blob.event.set()
 
-    def done_read(self, token: str) -> None:
+    def done_read(self, token: str, record: tuple[str, int, float] | None = None) -> None:
+        """Unpin what ``plan_read`` pinned; ``record``: ``(model, bytes, seconds)`` the reader
+        copied to its device (a host -> device transition)."""
         with self._lock:
             self._unpin(self._reads.pop(token, []))
+        if record is not None:
+            self.record(record[0], "host->device", record[1], record[2])
 
     # -- writing (device -> host) ----------------------------------------------------------------
     def reserve(
@@ -506,9 +535,7 @@ class StateStore:
                 self.blobs[blob.id] = blob
                 new_blobs.append(blob.id)
                 entries.append((StateKey(model, name, shard), blob.id))
-                path = self._host_path(blob.id)
-                with open(path, "wb") as f:
-                    f.truncate(meta.nbytes)
+                path = self._new_host_file(blob)
                 paths.append(str(path) if meta.nbytes else None)
             self.host_bytes += size
             pinned = []
@@ -521,13 +548,20 @@ class StateStore:
                                                      [StateKey(model, n, s) for n, s in remove], pinned)
             return token, paths
 
-    def commit(self, token: str) -> None:
+    def commit(self, token: str, seconds: float | None = None) -> None:
         """Make a reservation's keys point at what was written. A key of another layout of the
-        same tensor (another shard count or dim) is replaced by the new one."""
+        same tensor (another shard count or dim) is replaced by the new one. ``seconds``: how long
+        the writer took (recorded as a device -> host transition of the written bytes)."""
         with self._lock:
             res = self._reservations.pop(token, None)
             if res is None:
                 raise StateError(f"no reservation {token!r}")
+            if seconds is not None:
+                written = sum(self.blobs[b].meta.nbytes for b in res.new_blobs)
+                entry = self.transfers[(res.model, "device->host")]
+                entry[0] += written
+                entry[1] += float(seconds)
+                entry[2] += 1
             for b in res.new_blobs:
                 blob = self.blobs[b]
                 blob.host = READY
@@ -558,7 +592,7 @@ class StateStore:
         evicted nothing. Order: blobs with a disk copy (free to drop, cheap to reload) before those
         that must be written first; models not announced by a prefetch hint first; least recently
         used first."""
-        free = self.host_budget - self.host_bytes
+        free = self.host_budget - self.host_bytes - self.pool_bytes
         if nbytes <= free:
             return
         soon_blobs = {b for m in self.soon for b in self.models.get(m, {}).values()}
@@ -566,18 +600,23 @@ class StateStore:
             b for b in self.blobs.values()
             if b.host == READY and b.pins == 0 and b.id not in protect and b.meta.nbytes
         ]
-        if free + sum(b.meta.nbytes for b in candidates) < nbytes:
+        if free + self.pool_bytes + sum(b.meta.nbytes for b in candidates) < nbytes:
             raise OverBudget(
                 f"host tier: {nbytes} bytes requested, {max(free, 0)} free of a {self.host_budget}-byte "
-                f"budget and {sum(b.meta.nbytes for b in candidates)} evictable"
+                f"budget and {self.pool_bytes + sum(b.meta.nbytes for b in candidates)} evictable"
             )
+        for size, files in self.pool.items():  # spare files cost nothing to drop
+            while files and free < nbytes:
+                files.pop().unlink(missing_ok=True)
+                self.pool_bytes -= size
+                free += size
         candidates.sort(key=lambda b: (b.disk is None, b.id in soon_blobs, b.used))
         for blob in candidates:
             if free >= nbytes:
                 break
             if blob.disk is None:
                 self._write_blob_file(blob)
-            self._host_path(blob.id).unlink(missing_ok=True)
+            self._host_path(blob.id).unlink(missing_ok=True)  # not pooled: room is what is short
             blob.host = ABSENT
             self.host_bytes -= blob.meta.nbytes
             free += blob.meta.nbytes
@@ -676,6 +715,13 @@ class StateStore:
                 held.pop(model, None)
         self._manifest_path(model).unlink(missing_ok=True)
 
+    def close(self) -> None:
+        """Remove the host tier's folder (shared memory outlives processes; disk state stays)."""
+        with self._lock:
+            shutil.rmtree(self.host_dir, ignore_errors=True)
+            self.pool.clear()
+            self.pool_bytes = 0
+
     # -- device tier bookkeeping and accounting --------------------------------------------------
     def set_resident(self, wpg: str, model: str, nbytes: int | None) -> None:
         """Record that ``wpg`` holds ``model`` on its devices (``nbytes``) or no longer does (None)."""
@@ -717,7 +763,8 @@ class StateStore:
                 per_model[model][transition] = {"bytes": nbytes, "seconds": seconds, "count": count}
             logical = {m: sum(self.blobs[b].meta.nbytes for b in keys.values()) for m, keys in self.models.items()}
             return {
-                "host": {"bytes": self.host_bytes, "blobs": len(host), "budget": self.host_budget},
+                "host": {"bytes": self.host_bytes, "blobs": len(host), "budget": self.host_budget,
+                         "spare_bytes": self.pool_bytes},
                 "disk": {"bytes": sum(b.meta.nbytes for b in disk), "blobs": len(disk)},
                 "device": {wpg: dict(held) for wpg, held in self.resident.items() if held},
                 "models": logical,

@@ -109,6 +109,9 @@ def ray_engine(plexrl_home) -> Iterator[None]:
     start_ray(EngineConfig())
     yield
     if owned:
+        from engine.state.manager import stop_state_manager
+
+        stop_state_manager()  # its shared-memory folder would outlive Ray
         ray.shutdown()
     if saved_address is not None:
         os.environ["RAY_ADDRESS"] = saved_address

@@ -37,7 +37,8 @@ def _store(tmp_path, budget: int | None = 1 << 30) -> StateStore:
 
 
 def _host_files(store: StateStore) -> set[str]:
-    return {p.name for p in store.host_dir.iterdir()}
+    """The host tier's blob files (spare files kept for reuse are not state)."""
+    return {p.name for p in store.host_dir.iterdir() if not p.name.startswith("pool-")}
 
 
 def _all(store: StateStore, model: str) -> list[tuple[str, ShardSpec]]:
@@ -229,6 +230,27 @@ def test_drop_frees_every_tier(tmp_path):
     assert not os.listdir(tmp_path / "state" / "manifests")
     assert not _host_files(store)
     assert store.stats()["host"]["bytes"] == 0
+    assert store.stats()["host"]["spare_bytes"] == 400  # its file waits for the next 400-byte blob
+
+
+def test_freed_host_files_are_reused_and_evicted_first(tmp_path):
+    store = _store(tmp_path, budget=3 * 400)
+    client = StateClient(store, "wpg")
+    client.write("job/policy", {("w", WHOLE): torch.ones(100)})
+    client.write("job/policy", {("w", WHOLE): torch.full((100,), 2.0)})  # the first blob is freed
+    assert store.stats()["host"]["spare_bytes"] == 400
+    client.write("job/policy", {("w", WHOLE): torch.full((100,), 3.0)})  # ... and its file reused
+    assert store.stats()["host"]["spare_bytes"] == 400  # one freed, one taken
+    assert len(list(store.host_dir.iterdir())) == 2
+    out, _ = client.read("job/policy", [("w", WHOLE)])
+    assert torch.equal(out[("w", WHOLE)], torch.full((100,), 3.0))
+    # a request that needs the room drops spare files before evicting any blob
+    client.write("job/other", {("x", WHOLE): torch.ones(200)})
+    assert store.stats()["host"] == {"bytes": 1200, "blobs": 2, "budget": 1200, "spare_bytes": 0}
+    with pytest.raises(OverBudget):
+        client.write("job/third", {("y", WHOLE): torch.ones(301)})  # more than the whole budget
+    store.close()
+    assert not store.host_dir.exists()
 
 
 def test_accounting_and_setup_estimates(tmp_path):
