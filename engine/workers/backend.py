@@ -24,7 +24,8 @@ READ_ONLY = frozenset({"forward", "generate", "save_checkpoint"})
 
 def state_id(deployment: Deployment, side: str = "") -> str:
     """The StateManager model id of a deployment's state: the trainer's weights and optimizer
-    state (``job/role``) or, on a rollout engine, the sampler's weights (``job/role@rollout``)."""
+    state (``job/role``), a rollout engine's weights (``job/role@rollout``), or the torch
+    backend's own sampling copy beside its trainer (``job/role@sampler``)."""
     job, role = deployment
     return f"{job}/{role}" + (f"@{side}" if side else "")
 
@@ -95,6 +96,10 @@ class Backend(ABC):
 
     def is_resident(self, deployment: Deployment) -> bool:
         return True
+
+    def state_models(self, deployment: Deployment) -> list[str]:
+        """The StateManager model ids this rank keeps the deployment's state under."""
+        return []
 
     def swap_out(self, deployment: Deployment, *, release: bool = True) -> dict[str, Any]:
         """Write the deployment's state to the StateManager's host tier (only if it changed since

@@ -72,7 +72,7 @@ class WorkerRank:
             def connect():
                 return state_manager(Path(data_dir), host_budget=swapping.host_budget)
 
-            self.backend.state_client = StateClient(connect, wpg)
+            self.backend.state_client = StateClient(connect, f"{wpg}:{rank}")  # accounting per rank
 
     def create(self, deployment, model_dir: str, trainable: bool, optimizer: OptimizerConfig | None):
         deployment = tuple(deployment)
@@ -139,14 +139,15 @@ class WorkerRank:
         self.backend.swap_out(deployment, release=False)
         if self.rank:
             return []
-        state = self.backend.states[deployment]
         client = self.backend.state_client
-        return [client.call("materialize", model) for model in state.res.keys]
+        return [client.call("materialize", model) for model in self.backend.state_models(deployment)]
 
     def swap_stats(self) -> dict[str, Any]:
         return {**self.swaps, "resident": [list(d) for d in self.lru if self.backend.is_resident(d)]}
 
     def export_weights(self, deployment, names: list[str] | None = None):
+        if self.swapping is not None:  # a swapped-out deployment has no weights here until swapped in
+            self.switch(deployment)
         return self.backend.export_weights(tuple(deployment), names)
 
     def weight_names(self, deployment) -> list[str]:

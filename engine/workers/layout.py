@@ -164,9 +164,10 @@ def _fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, pe
 
 
 def _split_qkv(qkv: torch.Tensor, groups: int, per_group: int, dim: int):
+    """The q, k and v rows of a fused tensor (views where the layout allows)."""
     rest = qkv.shape[1:]
     q, k, v = qkv.reshape(groups, (per_group + 2) * dim, *rest).split([per_group * dim, dim, dim], dim=1)
-    return tuple(_new(x.reshape(-1, *rest)) for x in (q, k, v))
+    return tuple(x.reshape(-1, *rest) for x in (q, k, v))
 
 
 _MEGATRON_DIMS = (  # name suffix -> the dimension tensor parallelism splits (None: replicated)
@@ -190,88 +191,131 @@ def megatron_partition_dim(name: str) -> int | None:
     raise KeyError(f"no tensor-parallel layout for Megatron parameter {name!r}")
 
 
-def hf_to_megatron(hf_tensors, hf_config, tp_rank: int, tp_size: int) -> dict[str, torch.Tensor]:
-    """This tensor-parallel rank's Megatron GPTModel parameters (by Megatron name) from the full
-    Hugging Face Qwen2 tensors. Every parameter of the model is produced, each a new tensor."""
+@dataclass(frozen=True)
+class _Param:
+    """One Megatron parameter of a tensor-parallel rank and the slices of Hugging Face tensors it
+    is made of (the keys under which the rank's part of the model is canonical)."""
+
+    name: str  # Megatron name
+    kind: str  # "copy": the one slice as it is; "qkv": q, k, v fused by query group; "fc1": [gate; up]
+    parts: tuple[tuple[str, ShardSpec], ...]  # (HF name, the rank's slice of it), in fusing order
+
+
+def _megatron_params(hf_config, tp_rank: int, tp_size: int) -> list[_Param]:
+    """The conversion between the two layouts, both ways: every Megatron parameter of rank
+    ``tp_rank``, in a fixed order (by layer), with its Hugging Face slices."""
     check_megatron_layout(hf_config, tp_size)
     if not 0 <= tp_rank < tp_size:
         raise ValueError(f"bad tensor parallel rank {tp_rank} of {tp_size}")
+    split = ShardSpec(0, tp_rank, tp_size)
+    row = ShardSpec(1, tp_rank, tp_size)
 
-    def part(name: str, dim: int) -> torch.Tensor:
-        return _new(hf_tensors[name].chunk(tp_size, dim=dim)[tp_rank])
+    def one(mg: str, hf: str, spec: ShardSpec) -> _Param:
+        return _Param(mg, "copy", ((hf, spec),))
 
-    groups, per_group, head_dim = _qkv_groups(hf_config, tp_size)
-    out = {"embedding.word_embeddings.weight": part("model.embed_tokens.weight", 0)}
+    params = [one("embedding.word_embeddings.weight", "model.embed_tokens.weight", split)]
     for i in range(hf_config.num_hidden_layers):
         hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
-        out[mg + "input_layernorm.weight"] = _new(hf_tensors[hf + "input_layernorm.weight"])
+        params.append(one(mg + "input_layernorm.weight", hf + "input_layernorm.weight", WHOLE))
         for kind in ("weight", "bias"):
-            q, k, v = (part(f"{hf}self_attn.{x}_proj.{kind}", 0) for x in "qkv")
-            out[f"{mg}self_attention.linear_qkv.{kind}"] = _fuse_qkv(q, k, v, groups, per_group, head_dim)
-        out[mg + "self_attention.linear_proj.weight"] = part(hf + "self_attn.o_proj.weight", 1)
-        out[mg + "pre_mlp_layernorm.weight"] = _new(hf_tensors[hf + "post_attention_layernorm.weight"])
-        out[mg + "mlp.linear_fc1.weight"] = torch.cat(
-            [part(hf + "mlp.gate_proj.weight", 0), part(hf + "mlp.up_proj.weight", 0)], dim=0
-        )
-        out[mg + "mlp.linear_fc2.weight"] = part(hf + "mlp.down_proj.weight", 1)
-    out["decoder.final_layernorm.weight"] = _new(hf_tensors["model.norm.weight"])
+            parts = tuple((f"{hf}self_attn.{x}_proj.{kind}", split) for x in "qkv")
+            params.append(_Param(f"{mg}self_attention.linear_qkv.{kind}", "qkv", parts))
+        params.append(one(mg + "self_attention.linear_proj.weight", hf + "self_attn.o_proj.weight", row))
+        params.append(one(mg + "pre_mlp_layernorm.weight", hf + "post_attention_layernorm.weight", WHOLE))
+        parts = ((hf + "mlp.gate_proj.weight", split), (hf + "mlp.up_proj.weight", split))
+        params.append(_Param(mg + "mlp.linear_fc1.weight", "fc1", parts))
+        params.append(one(mg + "mlp.linear_fc2.weight", hf + "mlp.down_proj.weight", row))
+    params.append(one("decoder.final_layernorm.weight", "model.norm.weight", WHOLE))
     if not hf_config.tie_word_embeddings:
-        out["output_layer.weight"] = part("lm_head.weight", 0)
+        params.append(one("output_layer.weight", "lm_head.weight", split))
+    return params
+
+
+def megatron_param_parts(hf_config, tp_rank: int, tp_size: int) -> dict[str, list[tuple[str, ShardSpec]]]:
+    """``{Megatron name: [(HF name, ShardSpec)]}``: the canonical keys each parameter of rank
+    ``tp_rank`` is made of (e.g. for a per-parameter scalar stored under each of them)."""
+    return {p.name: list(p.parts) for p in _megatron_params(hf_config, tp_rank, tp_size)}
+
+
+def hf_to_megatron(
+    hf_tensors, hf_config, tp_rank: int, tp_size: int, *, sliced: bool = False, partial: bool = False,
+    copy: bool = True,
+) -> dict[str, torch.Tensor]:
+    """This tensor-parallel rank's Megatron GPTModel parameters (by Megatron name) from Hugging
+    Face Qwen2 tensors by name: the full tensors, or (``sliced``) only this rank's slices of them
+    (the ShardSpecs ``megatron_to_hf`` gives), so a rank that reads just its own shards never
+    builds a full tensor. Every parameter of the model is produced, each a new tensor; with
+    ``partial``, only those whose Hugging Face tensors are all given (e.g. the optimizer moments
+    of the parameters that have some); with ``copy=False`` a parameter that is one slice as it is
+    may be a view of the given tensor (fused ones are always new)."""
+    params = _megatron_params(hf_config, tp_rank, tp_size)  # checks the layout first
+    groups, per_group, head_dim = _qkv_groups(hf_config, tp_size)
+
+    def take(name: str, spec: ShardSpec) -> torch.Tensor:
+        t = hf_tensors[name]
+        return t if sliced or spec == WHOLE else t.chunk(spec.count, dim=spec.dim)[spec.index]
+
+    out = {}
+    for param in params:
+        if partial and any(name not in hf_tensors for name, _ in param.parts):
+            continue
+        slices = [take(name, spec) for name, spec in param.parts]
+        if param.kind == "qkv":
+            out[param.name] = _fuse_qkv(*slices, groups, per_group, head_dim)
+        elif param.kind == "fc1":
+            out[param.name] = torch.cat(slices, dim=0)
+        else:
+            out[param.name] = _new(slices[0]) if copy else slices[0]
     return out
 
 
 def _megatron_to_hf_plan(local_state, hf_config, tp_rank: int, tp_size: int):
-    """``(HF name, make, ShardSpec)`` for every exported tensor, in a fixed order (by layer);
-    ``make()`` builds that one slice, so a caller converts only the names it asks for."""
-    check_megatron_layout(hf_config, tp_size)
-    split = ShardSpec(0, tp_rank, tp_size)
-    row = ShardSpec(1, tp_rank, tp_size)
+    """``(HF name, make, ShardSpec, Megatron name)`` for every exported tensor, in a fixed order
+    (by layer); ``make()`` builds that one slice (a view where it can), so a caller converts only
+    the names it asks for."""
+    params = _megatron_params(hf_config, tp_rank, tp_size)  # checks the layout first
     groups, per_group, head_dim = _qkv_groups(hf_config, tp_size)
 
-    def copy_of(name: str):
-        return lambda: _new(local_state[name])
+    def piece(param: _Param, index: int):
+        def make() -> torch.Tensor:
+            t = local_state[param.name]
+            if param.kind == "qkv":
+                return _split_qkv(t, groups, per_group, head_dim)[index]
+            if param.kind == "fc1":
+                return t.chunk(2, dim=0)[index]
+            return t
 
-    def qkv_part(name: str, index: int):
-        return lambda: _split_qkv(local_state[name], groups, per_group, head_dim)[index]
+        return make
 
-    def fc1_half(name: str, index: int):
-        return lambda: _new(local_state[name].chunk(2, dim=0)[index])
-
-    plan = [("model.embed_tokens.weight", copy_of("embedding.word_embeddings.weight"), split)]
-    for i in range(hf_config.num_hidden_layers):
-        hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
-        plan.append((hf + "input_layernorm.weight", copy_of(mg + "input_layernorm.weight"), WHOLE))
-        for index, x in enumerate("qkv"):
-            for kind in ("weight", "bias"):
-                plan.append((f"{hf}self_attn.{x}_proj.{kind}",
-                             qkv_part(f"{mg}self_attention.linear_qkv.{kind}", index), split))
-        plan.append((hf + "self_attn.o_proj.weight", copy_of(mg + "self_attention.linear_proj.weight"), row))
-        plan.append((hf + "post_attention_layernorm.weight", copy_of(mg + "pre_mlp_layernorm.weight"), WHOLE))
-        plan.append((hf + "mlp.gate_proj.weight", fc1_half(mg + "mlp.linear_fc1.weight", 0), split))
-        plan.append((hf + "mlp.up_proj.weight", fc1_half(mg + "mlp.linear_fc1.weight", 1), split))
-        plan.append((hf + "mlp.down_proj.weight", copy_of(mg + "mlp.linear_fc2.weight"), row))
-    plan.append(("model.norm.weight", copy_of("decoder.final_layernorm.weight"), WHOLE))
-    if not hf_config.tie_word_embeddings:
-        plan.append(("lm_head.weight", copy_of("output_layer.weight"), split))
-    return plan
+    return [
+        (name, piece(param, index), spec, param.name)
+        for param in params
+        for index, (name, spec) in enumerate(param.parts)
+    ]
 
 
 def megatron_hf_names(hf_config, tp_size: int = 1) -> list[str]:
     """The HF names ``megatron_to_hf`` exports, in its order (no tensor is touched)."""
-    return [name for name, _, _ in _megatron_to_hf_plan({}, hf_config, 0, tp_size)]
+    return [name for name, _, _, _ in _megatron_to_hf_plan({}, hf_config, 0, tp_size)]
 
 
-def megatron_to_hf(local_state, hf_config, tp_rank: int, tp_size: int, names=None) -> list[WeightShard]:
+def megatron_to_hf(
+    local_state, hf_config, tp_rank: int, tp_size: int, names=None, *, partial: bool = False, copy: bool = True,
+) -> list[WeightShard]:
     """This rank's Megatron tensors as ``(HF name, slice, ShardSpec)``: every exported tensor in a
     fixed order (by layer), or only ``names``, in that order (KeyError for a name it does not
     export); ``gather_shards`` over all ranks' triples of one name gives the Hugging Face tensor
     exactly. A tied ``lm_head`` is not exported (it is ``model.embed_tokens.weight``). Each tensor
-    is new, and only the asked-for ones are built."""
+    is new, and only the asked-for ones are built; with ``copy=False`` they may be views of
+    ``local_state`` instead. ``partial``: ``local_state`` may hold only some parameters (e.g. those
+    with a gradient); the tensors made from the others are left out."""
     plan = _megatron_to_hf_plan(local_state, hf_config, tp_rank, tp_size)
-    if names is None:
-        return [(name, make(), spec) for name, make, spec in plan]
-    by_name = {name: (make, spec) for name, make, spec in plan}
-    unknown = sorted(set(names) - set(by_name))
-    if unknown:
-        raise KeyError(f"no exported tensors {unknown}")
-    return [(name, by_name[name][0](), by_name[name][1]) for name in names]
+    if partial:
+        plan = [entry for entry in plan if entry[3] in local_state]
+    if names is not None:
+        by_name = {entry[0]: entry for entry in plan}
+        unknown = sorted(set(names) - set(by_name))
+        if unknown:
+            raise KeyError(f"no exported tensors {unknown}")
+        plan = [by_name[name] for name in names]
+    return [(name, _new(make()) if copy else make(), spec) for name, make, spec, _ in plan]

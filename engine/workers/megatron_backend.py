@@ -11,6 +11,13 @@ view of the GPTModel), losses from ``engine.losses``, the learning rate from ``O
 This backend trains; it neither generates nor syncs. A rollout worker group pulls the trainer's
 weights through ``export_weights`` as Hugging Face-named shards (see ``layout``).
 
+Swapping (a group started with ``swapping=``): each rank writes its own part of a deployment's state
+to the StateManager under canonical keys, the Hugging Face names and shards ``layout`` converts its
+Megatron tensors to: weights, AdamW moments (``"<name>::exp_avg"``, ``"::exp_avg_sq"``; the per-
+parameter step count ``"::step"`` whole, under each name the parameter is made of) and pending
+gradients (``"<name>::grad"``). Swapping in, a rank reads only its own shards and fuses them back.
+A new deployment starts as the registered base model's blobs (nothing is written until it changes).
+
 Megatron is imported lazily, so importing this module (e.g. for ``serves``) stays cheap.
 """
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import datetime
 import shutil
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,14 +35,16 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.api import Batch, OptimizerConfig
-from engine.workers.backend import Deployment, Residency
+from engine.workers.backend import Deployment, Residency, state_id
 from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tensors, read_safetensors
 from engine.workers.devices import worker_device
 from engine.workers.layout import (
+    WHOLE,
     WeightShard,
     hf_to_megatron,
     megatron_config_from_hf,
     megatron_hf_names,
+    megatron_param_parts,
     megatron_partition_dim,
     megatron_to_hf,
 )
@@ -181,12 +191,66 @@ class MegatronBackend(TrainingBackend):
             for p in model.parameters():
                 p.requires_grad_(False)
             cfg, opt = None, None
-        self.states[deployment] = _State(model, hf_config, tokenizer.pad_token_id, opt, cfg)
+        state = self.states[deployment] = _State(model, hf_config, tokenizer.pad_token_id, opt, cfg)
+        if self.state_client is not None:
+            self._register_base(deployment, state, model_dir)
+            _barrier()  # rank 0 forked the deployment's state: from now on every rank may read it
         return {
             "params": sum(t.numel() for t in hf_tensors.values()),
             "bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "tensor_parallel": self.world_size,
         }
+
+    # -- swapping ------------------------------------------------------------------------------
+    def _export_state(self, deployment, state):
+        cfg, rank, tp = state.hf_config, self.rank, self.world_size
+        out: dict = {}
+
+        def convert(local: dict[str, torch.Tensor], suffix: str) -> None:
+            for name, t, spec in megatron_to_hf(local, cfg, rank, tp, partial=True, copy=False):
+                out[(name + suffix, spec)] = t
+
+        params = dict(state.model.named_parameters())
+        convert({n: p.detach() for n, p in params.items()}, "")
+        convert({n: p.grad for n, p in params.items() if p.grad is not None}, "::grad")
+        if state.optimizer is not None:
+            fields: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+            for n, p in params.items():
+                for field, value in state.optimizer.state.get(p, {}).items():
+                    fields[field][n] = torch.as_tensor(value)
+            parts = megatron_param_parts(cfg, rank, tp)
+            for field, local in fields.items():
+                convert({n: t for n, t in local.items() if t.dim()}, f"::{field}")
+                for n, t in local.items():
+                    if not t.dim():  # a per-parameter scalar (the step count): whole, under each name
+                        for name, _ in parts[n]:
+                            out[(f"{name}::{field}", WHOLE)] = t
+        return {state_id(deployment): out}
+
+    def _import_state(self, deployment, state, tensors):
+        cfg, rank, tp = state.hf_config, self.rank, self.world_size
+        by_field: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+        for (key, _), t in tensors[state_id(deployment)].items():
+            name, _, field = key.partition("::")
+            by_field[field][name] = t
+        # this rank's own slices, fused back into its Megatron tensors (no full tensor is built)
+        weights = hf_to_megatron(by_field.pop(""), cfg, rank, tp, sliced=True, copy=False)
+        grads = hf_to_megatron(by_field.pop("grad", {}), cfg, rank, tp, sliced=True, partial=True, copy=False)
+        moments: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+        parts = megatron_param_parts(cfg, rank, tp)
+        for field, stored in by_field.items():
+            if all(not t.dim() for t in stored.values()):  # per-parameter scalars (AdamW keeps them on the CPU)
+                for n, keys in parts.items():
+                    if keys[0][0] in stored:
+                        moments[n][field] = stored[keys[0][0]].cpu()
+                continue
+            for n, t in hf_to_megatron(stored, cfg, rank, tp, sliced=True, partial=True, copy=False).items():
+                moments[n][field] = t
+        for name, p in state.model.named_parameters():
+            p.data = weights[name]
+            p.grad = grads.get(name)
+            if state.optimizer is not None and moments.get(name):
+                state.optimizer.state[p] = moments[name]
 
     # -- API functions -----------------------------------------------------------------------
     def _logprobs(self, state: _State, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,6 @@ samples from exactly the weights it last synced, as it would with a separate rol
 from __future__ import annotations
 
 import copy
-import hashlib
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -42,12 +41,6 @@ class _State:
     pending_tokens: int = 0  # tokens whose gradients are accumulated and not yet applied
     steps: int = 0  # optimizer steps taken
     res: Residency = field(default_factory=Residency)
-
-
-def base_model_id(model_dir: Path) -> str:
-    """The StateManager id of a base model folder (its resolved path: one id per folder)."""
-    path = str(Path(model_dir).resolve())
-    return "base:" + hashlib.sha256(path.encode()).hexdigest()[:16]
 
 
 def _state_bytes(module: torch.nn.Module) -> int:
@@ -87,27 +80,6 @@ class TorchBackend(TrainingBackend):
             self._register_base(deployment, state, model_dir)
         return {"params": sum(p.numel() for p in model.parameters()), "bytes": _state_bytes(model)}
 
-    def _register_base(self, deployment, state, model_dir) -> None:
-        """The new state is the base model's: in the StateManager it points at the base's blobs
-        (held once however many jobs start from it), so it is clean until a call changes it."""
-        client = self.state_client
-        base = base_model_id(model_dir)
-        client.call("register_model", base, str(model_dir))
-        stored = client.call("keys", base)
-        tensors = self._export_state(deployment, state)
-        for ts in tensors.values():
-            same = {k: t for k, t in ts.items() if k in stored}
-            if same.keys() != ts.keys() or any(stored[k].shape != tuple(t.shape) for k, t in ts.items()):
-                return  # e.g. converted on load: the first swap-out writes the state instead
-            if any(stored[k].dtype != str(t.dtype).removeprefix("torch.") for k, t in ts.items()):
-                return
-        for model, ts in tensors.items():
-            if client.call("has_model", model):
-                client.call("drop", model)  # a stale state of a re-created deployment
-            client.call("fork", base, model)
-            state.res.keys[model] = list(ts)
-        state.res.dirty = False
-
     # -- swapping ------------------------------------------------------------------------------
     def _export_state(self, deployment, state):
         trainer: dict = {}
@@ -120,7 +92,7 @@ class TorchBackend(TrainingBackend):
                     trainer[(f"{name}::{key}", WHOLE)] = value
         out = {state_id(deployment): trainer}
         if state.rollout is not state.model:
-            out[state_id(deployment, "rollout")] = {(n, WHOLE): p.detach() for n, p in state.rollout.named_parameters()}
+            out[state_id(deployment, "sampler")] = {(n, WHOLE): p.detach() for n, p in state.rollout.named_parameters()}
         return out
 
     def _import_state(self, deployment, state, tensors):
@@ -136,7 +108,7 @@ class TorchBackend(TrainingBackend):
                 if moments:
                     state.optimizer.state[p] = moments
         if state.rollout is not state.model:
-            rollout = tensors[state_id(deployment, "rollout")]
+            rollout = tensors[state_id(deployment, "sampler")]
             for name, p in state.rollout.named_parameters():
                 p.data = rollout[(name, WHOLE)]
 

@@ -8,6 +8,7 @@ parameters are sharded, the norm of the whole model's gradient (``_grad_norm``).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +20,30 @@ from engine.api import Batch, ForwardResult, LossResult
 from engine.losses import get_loss
 from engine.workers.backend import READ_ONLY, Backend, Deployment
 from engine.workers.checkpoint import STEPS_KEY, load_optimizer_tensors
+from engine.workers.layout import WHOLE
 
 StateTensors = dict[str, dict[tuple[str, Any], torch.Tensor]]  # model id -> (name, shard) -> tensor
+
+
+def base_model_id(model_dir: Path) -> str:
+    """The StateManager id of a base model folder (its resolved path: one id per folder)."""
+    path = str(Path(model_dir).resolve())
+    return "base:" + hashlib.sha256(path.encode()).hexdigest()[:16]
+
+
+def register_base(client, model_dir: Path) -> tuple[str, dict]:
+    """Register a base model folder in the StateManager (idempotent): its id and ``{key: meta}``."""
+    base = base_model_id(model_dir)
+    client.call("register_model", base, str(model_dir))
+    return base, client.call("keys", base)
+
+
+def fork_base(client, base: str, model: str) -> None:
+    """``model`` starts as the base's state: its keys point at the base's blobs (nothing is copied);
+    a stale state of a re-created deployment under that id is dropped first."""
+    if client.call("has_model", model):
+        client.call("drop", model)
+    client.call("fork", base, model)
 
 
 class TrainingBackend(Backend):
@@ -72,11 +95,47 @@ class TrainingBackend(Backend):
         raise NotImplementedError(f"{type(self).__name__} cannot swap job state")
 
     def _release(self, deployment, state) -> None:
-        """Free the deployment's device tensors (its structure and counters stay)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot swap job state")
+        """Free the deployment's device tensors (its structure and counters stay): by default the
+        parameters and gradients of ``state.model`` and the optimizer's state."""
+        for p in state.model.parameters():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            p.grad = None
+        if state.optimizer is not None:
+            state.optimizer.state.clear()
+
+    def _register_base(self, deployment, state, model_dir) -> None:
+        """The new state is the base model's: in the StateManager it points at the base's blobs
+        (held once however many jobs start from it), so it is clean until a call changes it.
+
+        A base key ``(name, WHOLE)`` covers this rank's ``(name, shard)`` when the shard of the
+        base tensor has the rank's shape and dtype (a tensor-parallel rank reads its slice of it).
+        Every rank checks its own keys; rank 0 alone forks the deployment's model ids (callers with
+        several ranks wait for it before any rank reads them)."""
+        from engine.state.store import TensorMeta, shard_shape
+
+        client = self.state_client
+        base, stored = register_base(client, model_dir)
+        tensors = self._export_state(deployment, state)
+        for ts in tensors.values():
+            for (name, shard), t in ts.items():
+                meta, mine = stored.get((name, WHOLE)), TensorMeta.of(t)
+                if meta is None or meta.dtype != mine.dtype:
+                    return  # e.g. converted on load: the first swap-out writes the state instead
+                if shard != WHOLE and (shard.dim >= len(meta.shape) or meta.shape[shard.dim] % shard.count):
+                    return
+                if shard_shape(meta, meta.shape, shard) != mine.shape:
+                    return
+        for model, ts in tensors.items():
+            if self.rank == 0:
+                fork_base(client, base, model)
+            state.res.keys[model] = list(ts)
+        state.res.dirty = False
 
     def is_resident(self, deployment):
         return self.states[deployment].res.resident
+
+    def state_models(self, deployment):
+        return list(self.states[deployment].res.keys)
 
     def _client(self):
         if self.state_client is None:
@@ -94,7 +153,9 @@ class TrainingBackend(Backend):
         if res.dirty:
             for model, tensors in self._export_state(deployment, state).items():
                 previous = res.keys.get(model, [])
-                gone = [k for k in previous if k not in tensors]
+                # a whole tensor is replicated on every rank of a tensor-parallel group: each writes
+                # its (identical) copy, rank 0 alone deletes it, so no rank deletes a key twice
+                gone = [k for k in previous if k not in tensors and (self.rank == 0 or k[1] != WHOLE)]
                 out["bytes"] += client.write(model, tensors, remove=gone)["bytes"]
                 res.keys[model] = list(tensors)
             res.dirty = False

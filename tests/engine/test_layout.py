@@ -11,6 +11,7 @@ from engine.workers.layout import (
     gather_shards,
     hf_to_megatron,
     megatron_hf_names,
+    megatron_param_parts,
     megatron_partition_dim,
     megatron_to_hf,
 )
@@ -62,6 +63,34 @@ def test_hf_megatron_round_trip_is_exact(heads, kv_heads, tied, tp):
     assert set(shards) == set(hf)
     for name, tensor in hf.items():
         assert torch.equal(gather_shards(shards[name]), tensor), name
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "tied", "tp"), CASES)
+def test_a_rank_builds_its_parameters_from_its_own_slices(heads, kv_heads, tied, tp):
+    config = qwen2_config(heads=heads, kv_heads=kv_heads, tied=tied)
+    hf = random_hf_tensors(config)
+    for rank in range(tp):
+        parts = megatron_param_parts(config, rank, tp)
+        keys = [key for mg in parts.values() for key in mg]
+        assert keys == [(name, spec) for name, _, spec in megatron_to_hf(hf_to_megatron(hf, config, rank, tp),
+                                                                         config, rank, tp)]
+        # only this rank's slices, cut by their specs: nothing else of the full tensors is given
+        mine = {name: hf[name] if spec == WHOLE else hf[name].chunk(spec.count, spec.dim)[spec.index].clone()
+                for name, spec in keys}
+        expected = hf_to_megatron(hf, config, rank, tp)
+        got = hf_to_megatron(mine, config, rank, tp, sliced=True)
+        assert got.keys() == expected.keys() == parts.keys()
+        assert all(torch.equal(got[n], t) for n, t in expected.items())
+        # partial: a parameter whose slices are not all given is left out (else KeyError)
+        del mine["model.layers.0.self_attn.k_proj.weight"]
+        with pytest.raises(KeyError):
+            hf_to_megatron(mine, config, rank, tp, sliced=True)
+        some = hf_to_megatron(mine, config, rank, tp, sliced=True, partial=True)
+        assert set(expected) - set(some) == {"decoder.layers.0.self_attention.linear_qkv.weight"}
+        # and back: only the tensors made from the given parameters
+        back = megatron_to_hf(some, config, rank, tp, partial=True)
+        assert {name for name, _, _ in back} == {name for name, _ in keys} - {
+            f"model.layers.0.self_attn.{x}_proj.weight" for x in "qkv"}
 
 
 def test_megatron_to_hf_converts_only_the_names_asked_for():
@@ -121,6 +150,11 @@ def test_exported_shards_do_not_alias_the_source():
     for _, tensor, _ in megatron_to_hf(local, config, 0, 2):
         tensor.add_(1.0)
     assert all(torch.equal(local[k], before[k]) for k in local)
+    # copy=False: the same values, as views where the layout allows (no copy of the parameters)
+    views = megatron_to_hf(local, config, 0, 2, copy=False)
+    copies = megatron_to_hf(local, config, 0, 2)
+    assert all(torch.equal(v, c) for (_, v, _), (_, c, _) in zip(views, copies, strict=True))
+    assert views[0][1].data_ptr() == local["embedding.word_embeddings.weight"].data_ptr()
 
 
 def test_layouts_that_do_not_split_are_rejected():
