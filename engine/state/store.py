@@ -259,6 +259,7 @@ class StateStore:
         self.resident: dict[str, dict[str, int]] = defaultdict(dict)  # wpg -> model -> bytes
         self.transfers: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0])
         self._reservations: dict[str, _Reservation] = {}
+        self.durable: dict[str, dict[tuple[str, ShardSpec], str]] = {}  # model -> its manifest's keys
         self._reads: dict[str, list[str]] = {}
         for sub in ("blobs", "manifests"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -651,7 +652,7 @@ class StateStore:
             ids = list(dict.fromkeys(keys.values()))
             for b in ids:
                 self.blobs[b].pins += 1
-        written = 0
+        written, durable = 0, False
         try:
             for b in ids:
                 blob = self.blobs[b]
@@ -674,15 +675,28 @@ class StateStore:
                 json.dump(manifest, f)
                 f.flush()
                 os.fsync(f.fileno())
+            _fsync_dir(self.root / "blobs")
             os.replace(tmp, path)
             _fsync_dir(path.parent)
-            _fsync_dir(self.root / "blobs")
+            durable = True
         finally:
             with self._lock:
+                if durable:
+                    self._hold_durable(model, keys)
                 self._unpin(ids)
         seconds = time.perf_counter() - started
         self.record(model, "host->disk", written, seconds)
         return {"bytes": written, "seconds": seconds, "tensors": len(keys)}
+
+    def _hold_durable(self, model: str, keys: dict[tuple[str, ShardSpec], str]) -> None:
+        """The blobs of a model's manifest stay (on disk at least) while the manifest names them,
+        even after the live state moved on: they are what a restart recovers."""
+        for b in keys.values():
+            self.blobs[b].refs += 1
+        previous = self.durable.pop(model, {})
+        self.durable[model] = dict(keys)
+        for b in previous.values():
+            self._decref(b)
 
     def _manifest_path(self, model: str) -> Path:
         return self.root / "manifests" / (quote(model, safe="") + ".json")
@@ -697,6 +711,7 @@ class StateStore:
                 if blob.disk is None:
                     blob.disk = DiskLoc(t["path"], t["offset"], t["owned"])
                 self._point(manifest["model"], t["name"], ShardSpec(*t["shard"]), t["blob"])
+            self._hold_durable(manifest["model"], self.models.get(manifest["model"], {}))
         live = {b.disk.path for b in self.blobs.values() if b.disk is not None}
         for f in (self.root / "blobs").iterdir():  # written by a materialize that never finished
             if str(f) not in live:
@@ -710,6 +725,8 @@ class StateStore:
             for name, shard in list(keys):
                 self._unpoint(model, name, shard)
             del self.models[model]
+            for b in self.durable.pop(model, {}).values():
+                self._decref(b)
             self.soon.discard(model)
             for held in self.resident.values():
                 held.pop(model, None)

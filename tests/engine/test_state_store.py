@@ -201,6 +201,9 @@ def test_materialize_survives_a_restart(tmp_path, base_dir):
     assert info["bytes"] == 2 * 8 * 4
     assert info["tensors"] == 4
     keys = store.keys("job/policy")
+    # the job trains on without materializing again: the materialized state must stay recoverable
+    client.write("job/policy", {("model.norm.weight", WHOLE): torch.full((8,), 4.0)})
+    assert len(os.listdir(tmp_path / "state" / "blobs")) == 2  # the manifest's blobs are kept
     # a crash: the store's memory and its host tier are gone; a new one starts on the same root
     del store
     restarted = _store(tmp_path)
