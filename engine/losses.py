@@ -33,7 +33,9 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 def grpo_loss(logp, mask, batch: Batch, config):
     """PPO-clip policy gradient with sequence-level advantages, optional KL to a reference.
 
-    config: ``clip_eps`` (0.2), ``clip_eps_high`` (= clip_eps), ``kl_coef`` (0.0; needs
+    config: ``clip_eps`` (0.2), ``clip_eps_high`` (= clip_eps), ``dual_clip`` (0: off; c > 1 caps
+    a negative-advantage token's loss at ``c * |advantage|``, so a token whose probability grew
+    far past the clip range cannot produce an unbounded gradient), ``kl_coef`` (0.0; needs
     ``ref_logprobs``), ``token_normalizer``.
     """
     if batch.advantages is None:
@@ -41,6 +43,9 @@ def grpo_loss(logp, mask, batch: Batch, config):
     eps_low = float(config.get("clip_eps", 0.2))
     eps_high = float(config.get("clip_eps_high", eps_low))
     kl_coef = float(config.get("kl_coef", 0.0))
+    dual = float(config.get("dual_clip", 0.0))
+    if dual and dual <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (or 0 for off), got {dual}")
     maskf = mask.to(logp.dtype)
     old = batch.old_logprobs if batch.old_logprobs is not None else logp.detach()
     adv = batch.advantages.to(logp.dtype)[:, None]
@@ -48,6 +53,8 @@ def grpo_loss(logp, mask, batch: Batch, config):
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
     per_token = -torch.minimum(unclipped, clipped)
+    if dual:
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -dual * adv), per_token)
     n = maskf.sum().clamp(min=1)
     metrics = {
         "clip_frac": float(((unclipped > clipped).to(logp.dtype) * maskf).sum() / n),

@@ -35,6 +35,7 @@ class GRPOConfig:
     warmup_steps: int = 5  # RL steps of linear learning-rate warm-up
     lr_schedule: str = "cosine"  # "cosine": decay to zero over the run's steps; "constant"
     clip_eps: float = 0.2
+    dual_clip: float = 0.0  # > 1: cap negative-advantage token losses at dual_clip * |A| (0: off)
     kl_coef: float = 0.0  # > 0 adds a frozen reference model and a k3 KL penalty
     temperature: float = 1.0
     max_tokens: int = 8
@@ -66,6 +67,8 @@ class GRPOConfig:
             raise SpecError("lr", "must be > 0")
         if not 0 < self.clip_eps < 1:
             raise SpecError("clip_eps", "must be in (0, 1)")
+        if self.dual_clip and self.dual_clip <= 1:
+            raise SpecError("dual_clip", "must be > 1 (or 0 for off)")
         if self.kl_coef < 0:
             raise SpecError("kl_coef", "must be >= 0")
         if self.temperature <= 0:
@@ -118,7 +121,7 @@ def train(
     tokenizer = client.tokenizer(policy)
     eval_set = task_impl.eval_set(config.eval_size)
     G = config.samples_per_prompt
-    loss_config = {"clip_eps": config.clip_eps, "kl_coef": config.kl_coef}
+    loss_config = {"clip_eps": config.clip_eps, "kl_coef": config.kl_coef, "dual_clip": config.dual_clip}
 
     initial = evaluate(client, policy, eval_set, tokenizer, config.max_tokens)
     client.log(f"initial held-out accuracy {initial['accuracy']:.3f}")

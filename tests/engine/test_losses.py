@@ -69,6 +69,18 @@ def test_asymmetric_clip_high():
     assert metrics["clip_frac"] == pytest.approx(1 / 6)
 
 
+def test_dual_clip_caps_negative_advantage_tokens():
+    logp, _, mask, batch = _table()
+    # c = 1.3 caps the A = -1 row at 1.3: ratio 1.5 (loss 1.5) becomes 1.3 with no gradient
+    loss, _ = grpo_loss(logp, mask, batch, {"clip_eps": 0.2, "dual_clip": 1.3})
+    assert loss.item() == pytest.approx((-1.1 - 1.2 - 0.5 + 1.1 + 1.3 + 0.8) / 6, abs=1e-12)
+    loss.backward()
+    assert logp.grad[1, 1].item() == 0.0
+    assert logp.grad[0, 1].item() == 0.0  # A = +1 is untouched (clipped as before)
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):
+        grpo_loss(logp, mask, batch, {"dual_clip": 0.5})
+
+
 def test_padded_tokens_are_masked_out():
     logp, old, mask, batch = _table()
     mask[1, 2] = False
