@@ -10,8 +10,10 @@ the call running now, and ``take`` collects it.
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -25,14 +27,86 @@ Key = tuple[str, ShardSpec]  # (canonical tensor name, shard) within one model
 
 
 def map_host(path: str | None, meta: TensorMeta, *, write: bool = False) -> torch.Tensor:
-    """A tensor over a host-tier file (no copy). Read mappings are private: a reader's stray
-    write never reaches the shared bytes."""
+    """A tensor over a host-tier file (no copy; it keeps the mapping alive). Readers map it
+    read-only, so a stray write cannot reach the shared bytes."""
     if path is None or meta.nbytes == 0:
         return torch.empty(meta.shape, dtype=meta.torch_dtype)
     with open(path, "r+b" if write else "rb") as f:
-        mm = mmap.mmap(f.fileno(), meta.nbytes, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_COPY)
-    # the tensor keeps the mapping alive; it is unmapped when the last view goes
-    return torch.frombuffer(mm, dtype=torch.uint8).view(meta.torch_dtype).reshape(meta.shape)
+        return _as_tensor(_mmap(f.fileno(), meta.nbytes, write), meta)
+
+
+def _mmap(fd: int, nbytes: int, write: bool) -> mmap.mmap:
+    # MAP_POPULATE: the page tables are filled in one call instead of one fault per page
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(fd, nbytes, flags=flags, prot=mmap.PROT_READ | (mmap.PROT_WRITE if write else 0))
+
+
+def _as_tensor(mm: mmap.mmap, meta: TensorMeta) -> torch.Tensor:
+    with warnings.catch_warnings():  # torch warns when a buffer is read-only: that is the point
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(mm, dtype=torch.uint8).view(meta.torch_dtype).reshape(meta.shape)
+
+
+class HostMaps:
+    """A rank's mappings of host-tier files, kept between swaps.
+
+    Mapping a file and filling its page tables costs about as much as copying it, so a rank keeps
+    its mappings, found by the file's inode: the StateManager hands a freed blob's file to the next
+    blob of that size (renamed, same inode), so a job swapped out and in again reuses mappings
+    whose pages are already in place. A mapping whose file was deleted would keep its memory
+    alive, so every use first drops those (``sweep``); at most ``limit`` bytes and ``entries``
+    files (each holds a descriptor) stay mapped, and files under ``smallest`` bytes (where mapping
+    costs little next to the rest of a call) are not kept.
+    """
+
+    def __init__(self, limit: int = 1 << 30, entries: int = 256, smallest: int = 64 << 10):
+        self.limit, self.entries, self.smallest = limit, entries, smallest
+        self._maps: dict[tuple[int, int, bool], tuple[int, mmap.mmap]] = {}  # (inode, size, write) -> fd, map
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def tensor(self, path: str | None, meta: TensorMeta, *, write: bool = False) -> torch.Tensor:
+        if path is None or meta.nbytes == 0:
+            return torch.empty(meta.shape, dtype=meta.torch_dtype)
+        n = meta.nbytes
+        if not self.smallest <= n <= self.limit:
+            return map_host(path, meta, write=write)
+        fd = os.open(path, os.O_RDWR if write else os.O_RDONLY)
+        try:
+            key = (os.fstat(fd).st_ino, n, write)
+            with self._lock:
+                found = self._maps.pop(key, None)
+                if found is not None:
+                    self._maps[key] = found  # most recently used last
+                    return _as_tensor(found[1], meta)
+            mm = _mmap(fd, n, write)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            self._maps[key] = (fd, mm)
+            self._bytes += n
+            while self._bytes > self.limit or len(self._maps) > self.entries:
+                self._drop(next(iter(self._maps)))
+        return _as_tensor(mm, meta)
+
+    def _drop(self, key) -> None:
+        fd, mm = self._maps.pop(key)
+        self._bytes -= key[1]
+        os.close(fd)
+        # tensors still using the map keep it alive; it is unmapped when the last one goes
+        del mm
+
+    def sweep(self) -> None:
+        """Forget mappings of files that were deleted (their memory goes once no tensor uses it)."""
+        with self._lock:
+            for key in [k for k, (fd, _) in self._maps.items() if os.fstat(fd).st_nlink == 0]:
+                self._drop(key)
+
+    def clear(self) -> None:
+        with self._lock:
+            for key in list(self._maps):
+                self._drop(key)
 
 
 def _narrow(t: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
@@ -44,15 +118,16 @@ def _narrow(t: torch.Tensor, spec: ShardSpec) -> torch.Tensor:
     return t.narrow(spec.dim, spec.index * size, size)
 
 
-def assemble(item: ReadItem) -> torch.Tensor:
+def assemble(item: ReadItem, maps: HostMaps | None = None) -> torch.Tensor:
     """The asked-for slice over the host files: a view when one stored piece covers it, else the
     stored shards joined once (and sliced, when the reader's layout differs)."""
+    mapped = map_host if maps is None else maps.tensor
     pieces: list[Piece] = sorted(item.pieces, key=lambda p: p.shard.index)
     first = pieces[0].shard
     if len(pieces) == 1:
-        t = map_host(pieces[0].path, pieces[0].meta)
+        t = mapped(pieces[0].path, pieces[0].meta)
         return t if first == item.shard else _narrow(t, item.shard)
-    t = torch.cat([map_host(p.path, p.meta) for p in pieces], dim=first.dim)
+    t = torch.cat([mapped(p.path, p.meta) for p in pieces], dim=first.dim)
     if len(pieces) < first.count:  # the stored shards that make up exactly the wanted one
         return t
     return _narrow(t, item.shard)
@@ -75,6 +150,7 @@ class StateClient:
         self._pool: ThreadPoolExecutor | None = None
         self._staged: dict[str, tuple[int, Future]] = {}
         self._lock = threading.Lock()
+        self.maps = HostMaps()
 
     def call(self, method: str, *args, **kwargs) -> Any:
         if isinstance(self.manager, StateStore):
@@ -103,12 +179,13 @@ class StateClient:
         items = list(tensors.items())
         writes = [(name, shard, TensorMeta.of(t)) for (name, shard), t in items]
         kept = [(name, shard, blob) for (name, shard), blob in (keeps or {}).items()]
+        self.maps.sweep()
         token, paths = self.call("reserve", model, writes, kept, list(remove))
         nbytes = 0
         try:
             for path, (_, t), (_, _, meta) in zip(paths, items, writes, strict=True):
                 if path is not None:
-                    map_host(path, meta, write=True).copy_(t)
+                    self.maps.tensor(path, meta, write=True).copy_(t)
                     nbytes += meta.nbytes
         except BaseException:
             self.call("abort", token)
@@ -125,6 +202,7 @@ class StateClient:
         dtype must match), else into new tensors on ``device``. Returns the tensors and, for keys
         read from exactly their own blob, that blob (a later ``write`` may keep it if unchanged)."""
         started = time.perf_counter()
+        self.maps.sweep()
         token, items = self.call("plan_read", model, list(wants))
         out: dict[Key, torch.Tensor] = {}
         clean: dict[Key, str] = {}
@@ -133,7 +211,7 @@ class StateClient:
         try:
             for item in items:
                 key = (item.name, item.shard)
-                src = assemble(item)
+                src = assemble(item, self.maps)
                 dst = (into or {}).get(key)
                 if dst is None:
                     dst = src.to(device, copy=True)

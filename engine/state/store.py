@@ -70,7 +70,7 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        n = torch.empty((), dtype=self.torch_dtype).element_size()
+        n = self.torch_dtype.itemsize
         for d in self.shape:
             n *= d
         return n

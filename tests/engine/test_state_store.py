@@ -276,3 +276,20 @@ def test_tensor_meta_describes_dtype_and_shape():
     meta = TensorMeta.of(torch.zeros(2, 3, dtype=torch.bfloat16))
     assert meta == TensorMeta("bfloat16", (2, 3))
     assert meta.nbytes == 12
+
+
+def test_a_rank_keeps_mappings_of_reused_files_and_drops_deleted_ones(tmp_path):
+    store = _store(tmp_path)
+    client = StateClient(store, "wpg")
+    big = 64 * 1024  # floats: 256 KiB, above the size mappings are kept for
+    for value in (1.0, 2.0, 3.0):  # the third write lands in the first one's (pooled) file
+        client.write("job/policy", {("w", WHOLE): torch.full((big,), value)})
+    out, _ = client.read("job/policy", [("w", WHOLE)])
+    assert torch.equal(out[("w", WHOLE)], torch.full((big,), 3.0))
+    kept = dict(client.maps._maps)
+    assert {write for (_, _, write) in kept} == {True, False}
+    assert len({ino for (ino, _, _) in kept}) == 2  # two files served three writes and a read
+    store.drop("job/policy")
+    store.close()  # the files are deleted: a sweep lets go of their mappings
+    client.maps.sweep()
+    assert not client.maps._maps
