@@ -41,10 +41,13 @@ def _mmap(fd: int, nbytes: int, write: bool) -> mmap.mmap:
     return mmap.mmap(fd, nbytes, flags=flags, prot=mmap.PROT_READ | (mmap.PROT_WRITE if write else 0))
 
 
+# Readers map host files read-only on purpose; torch warns about every such buffer. Matched on its
+# message, so no other warning is hidden (a catch_warnings per tensor would cost more than a copy).
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+
+
 def _as_tensor(mm: mmap.mmap, meta: TensorMeta) -> torch.Tensor:
-    with warnings.catch_warnings():  # torch warns when a buffer is read-only: that is the point
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(mm, dtype=torch.uint8).view(meta.torch_dtype).reshape(meta.shape)
+    return torch.frombuffer(mm, dtype=torch.uint8).view(meta.torch_dtype).reshape(meta.shape)
 
 
 class HostMaps:
@@ -59,7 +62,7 @@ class HostMaps:
     costs little next to the rest of a call) are not kept.
     """
 
-    def __init__(self, limit: int = 1 << 30, entries: int = 256, smallest: int = 64 << 10):
+    def __init__(self, limit: int = 1 << 30, entries: int = 1024, smallest: int = 64 << 10):
         self.limit, self.entries, self.smallest = limit, entries, smallest
         self._maps: dict[tuple[int, int, bool], tuple[int, mmap.mmap]] = {}  # (inode, size, write) -> fd, map
         self._bytes = 0
@@ -151,6 +154,7 @@ class StateClient:
         self._staged: dict[str, tuple[int, Future]] = {}
         self._lock = threading.Lock()
         self.maps = HostMaps()
+        self._pending: list = []  # answers of ``send`` calls not yet waited for
 
     def call(self, method: str, *args, **kwargs) -> Any:
         if isinstance(self.manager, StateStore):
@@ -159,6 +163,10 @@ class StateClient:
         from ray.exceptions import RayActorError
 
         try:
+            with self._lock:
+                pending, self._pending = self._pending, []
+            if pending:
+                ray.get(pending)
             return ray.get(getattr(self.manager, method).remote(*args, **kwargs))
         except RayActorError:
             if self._connect is None:
@@ -167,6 +175,16 @@ class StateClient:
             if method not in _RETRY_AFTER_RESTART:
                 raise
             return ray.get(getattr(self.manager, method).remote(*args, **kwargs))
+
+    def send(self, method: str, *args) -> None:
+        """A call nobody waits for now (unpinning after a read): one round trip less on the swap's
+        path. The next ``call`` waits for it first, so this client's calls keep their order."""
+        if isinstance(self.manager, StateStore):
+            getattr(self.manager, method)(*args)
+        else:
+            ref = getattr(self.manager, method).remote(*args)
+            with self._lock:
+                self._pending.append(ref)
 
     # -- device -> host --------------------------------------------------------------------------
     def write(
@@ -227,7 +245,7 @@ class StateClient:
                     clean[key] = item.pieces[0].blob
             record = (model, nbytes, time.perf_counter() - started)
         finally:
-            self.call("done_read", token, record)
+            self.send("done_read", token, record)
         return out, clean
 
     def prefetch(
