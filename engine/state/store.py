@@ -108,6 +108,13 @@ def shard_shape(meta: TensorMeta, whole: tuple[int, ...] | None, spec: ShardSpec
     return tuple(shape)
 
 
+def _shards_by_name(keys: dict[tuple[str, ShardSpec], str]) -> dict[str, list[ShardSpec]]:
+    out: dict[str, list[ShardSpec]] = defaultdict(list)
+    for name, shard in keys:
+        out[name].append(shard)
+    return out
+
+
 # -- blobs -----------------------------------------------------------------------------------------
 
 ABSENT, LOADING, WRITING, READY = "absent", "loading", "writing", "ready"
@@ -399,10 +406,12 @@ class StateStore:
         return sum(self.blobs[b].meta.nbytes for b in self.models.get(model, {}).values())
 
     # -- reading (disk -> host, then the reader copies host -> device) --------------------------
-    def _pieces_for(self, model: str, name: str, want: ShardSpec) -> list[tuple[ShardSpec, str]]:
+    def _pieces_for(self, model: str, name: str, want: ShardSpec,
+                    index: dict[str, dict[ShardSpec, str]]) -> list[tuple[ShardSpec, str]]:
         """The fewest stored slices of ``name`` that cover ``want``: the slice itself, the whole
-        tensor (the reader takes a view), the stored shards it is made of, or all of them."""
-        stored = {s: b for (n, s), b in self._keys_of(model).items() if n == name}
+        tensor (the reader takes a view), the stored shards it is made of, or all of them.
+        ``index``: the model's keys grouped by name."""
+        stored = index.get(name)
         if not stored:
             raise UnknownKey(f"model {model!r} has no tensor {name!r}")
         if want in stored:
@@ -424,7 +433,11 @@ class StateStore:
         disk, evicting others if the budget needs it) and pin them until ``done_read(token)``.
         Returns ``(token, items)``; the reader maps each piece's host file and copies from it."""
         with self._lock:
-            covering = [(name, want, self._pieces_for(model, name, want)) for name, want in wants]
+            keys = self._keys_of(model)
+            index: dict[str, dict[ShardSpec, str]] = defaultdict(dict)
+            for (n, shard), b in keys.items():
+                index[n][shard] = b
+            covering = [(name, want, self._pieces_for(model, name, want, index)) for name, want in wants]
             needed = list(dict.fromkeys(b for _, _, parts in covering for _, b in parts))
             for b in needed:
                 self.blobs[b].pins += 1
@@ -572,12 +585,12 @@ class StateStore:
             for key in res.remove:
                 if (key.name, key.shard) in keys:
                     self._unpoint(res.model, key.name, key.shard)
+            shards = _shards_by_name(keys)
             for key, blob_id in res.entries:
-                for name, shard in list(keys):
-                    if name == key.name and shard != key.shard and (
-                        (shard.dim, shard.count) != (key.shard.dim, key.shard.count)
-                    ):
-                        self._unpoint(res.model, name, shard)
+                for shard in shards.get(key.name, ()):
+                    if (shard.dim, shard.count) != (key.shard.dim, key.shard.count):
+                        self._unpoint(res.model, key.name, shard)
+                shards[key.name] = [key.shard]  # later entries of this name keep what this one set
                 self._point(res.model, key.name, key.shard, blob_id)
             self._unpin(res.new_blobs + res.pinned)
 
