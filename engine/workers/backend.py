@@ -93,6 +93,9 @@ class Backend(ABC):
     # -- swapping job state through the node's StateManager ------------------------------------
     #: this rank's ``engine.state.client.StateClient``; set by the rank when its WPG swaps states
     state_client: Any = None
+    #: functions that make the deployment resident themselves (e.g. a rollout engine's
+    #: ``sync_weights`` loads the new weights whole): no swap-in before them
+    loads_state: ClassVar[frozenset[str]] = frozenset()
 
     def is_resident(self, deployment: Deployment) -> bool:
         return True

@@ -88,9 +88,17 @@ class WorkerRank:
     def execute(self, request: Request) -> Any:
         if request.fn == NOOP:
             return None
-        if self.swapping is not None:
-            self.switch(request.deployment)
-        return self.backend.execute(request.deployment, request.fn, request.payload)
+        if self.swapping is None:
+            return self.backend.execute(request.deployment, request.fn, request.payload)
+        deployment = tuple(request.deployment)
+        if request.fn not in self.backend.loads_state:
+            self.switch(deployment)
+            return self.backend.execute(deployment, request.fn, request.payload)
+        self._make_room(deployment)  # the call itself loads the deployment
+        result = self.backend.execute(deployment, request.fn, request.payload)
+        self.lru[deployment] = None
+        self.lru.move_to_end(deployment)
+        return result
 
     # -- job state on and off the devices ------------------------------------------------------
     def _count(self, direction: str, result: dict[str, Any]) -> None:

@@ -133,6 +133,7 @@ class SwapStats:
 
 class VllmBackend(Backend):
     serves = frozenset({"generate", "sync_weights"})
+    loads_state = frozenset({"sync_weights"})  # it reloads the engine with the job's whole weights
 
     def __init__(self, *, rank: int, world_size: int, data_dir: Path, dist_url: str | None = None):
         self.options = engine_options(world_size)  # raises for an unsupported layout

@@ -323,9 +323,14 @@ def test_vllm_switches_between_jobs_weights_kept_in_the_state_manager(vllm, mega
         _run(trainer, c, "forward_backward", batch=push, **CE)
         _run(trainer, c, "optim_step")
     trained = _weights(trainer, c)
+    before_sync = ray.get(swapped.ranks[0].stats.remote())
     for group in (swapped, plain):
         synced = _run(group, c, "sync_weights", source=trainer.ranks)
         assert synced["bytes"] == sum(t.numel() * t.element_size() for t in trained.values())
+    after_sync = ray.get(swapped.ranks[0].stats.remote())
+    # the sync loads c's new weights into the engine itself: no swap-in of its old ones first
+    assert after_sync["swaps"] == before_sync["swaps"]
+    assert tuple(after_sync["resident"]) == c
 
     reference = {a: _greedy_reference(model_dir, prompts), b: _greedy_reference(other_dir, prompts)}
     long = [i for i, p in enumerate(prompts) if len(p) > 32]
