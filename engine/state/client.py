@@ -248,6 +248,13 @@ class StateClient:
             self.send("done_read", token, record)
         return out, clean
 
+    def submit(self, fn, *args) -> Future:
+        """Run ``fn(*args)`` on this client's background thread (the one prefetches use, in order)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-background")
+            return self._pool.submit(fn, *args)
+
     def prefetch(
         self, model: str, wants: Sequence[Key], *, device: torch.device | str = "cpu", version: int = 0,
     ) -> None:
@@ -257,7 +264,7 @@ class StateClient:
             if model in self._staged:
                 return
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-prefetch")
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-background")
             self._staged[model] = (version, self._pool.submit(self.read, model, list(wants), device=device))
 
     def take(self, model: str, version: int = 0) -> tuple[dict[Key, torch.Tensor], dict[Key, str]] | None:

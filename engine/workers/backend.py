@@ -40,6 +40,7 @@ class Residency:
     dirty: bool = True
     keys: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
     version: int = 0  # bumped whenever the stored state changes (a prefetch of an older one is void)
+    pending: Any = None  # (future, tensors) of a background swap-out still being written
 
 
 class BackendKind(enum.StrEnum):
@@ -96,6 +97,8 @@ class Backend(ABC):
     #: functions that make the deployment resident themselves (e.g. a rollout engine's
     #: ``sync_weights`` loads the new weights whole): no swap-in before them
     loads_state: ClassVar[frozenset[str]] = frozenset()
+    #: bytes that background swap-outs have finished writing (counted when each is done)
+    written_behind: int = 0
 
     def is_resident(self, deployment: Deployment) -> bool:
         return True
@@ -104,9 +107,10 @@ class Backend(ABC):
         """The StateManager model ids this rank keeps the deployment's state under."""
         return []
 
-    def swap_out(self, deployment: Deployment, *, release: bool = True) -> dict[str, Any]:
+    def swap_out(self, deployment: Deployment, *, release: bool = True, background: bool = False) -> dict[str, Any]:
         """Write the deployment's state to the StateManager's host tier (only if it changed since
-        it was last there) and, with ``release``, free this rank's copy."""
+        it was last there) and, with ``release``, free this rank's copy; with ``background``, the
+        write happens while the rank goes on (the device copy is freed when it is done)."""
         raise NotImplementedError(f"{type(self).__name__} cannot swap job state")
 
     def swap_in(self, deployment: Deployment) -> dict[str, Any]:

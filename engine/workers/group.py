@@ -34,10 +34,13 @@ def _free_port() -> int:
 class Swapping:
     """How a WPG holds several jobs' states: at most ``max_resident`` deployments on its devices at
     once (the least recently used is swapped out through the node's StateManager to make room);
-    ``host_budget``: bytes of the StateManager's host tier if this WPG starts it."""
+    ``host_budget``: bytes of the StateManager's host tier if this WPG starts it; ``write_behind``:
+    the outgoing job's state is written while the incoming job already runs (its device memory is
+    freed when the write is done, so for that long both states are on the device)."""
 
     max_resident: int
     host_budget: int | None = None
+    write_behind: bool = True  # swap the outgoing job out in the background (False: before the switch)
 
 
 @ray.remote(num_cpus=0, concurrency_groups={"hints": 1})
@@ -113,7 +116,10 @@ class WorkerRank:
             return
         resident = [d for d in self.lru if d != keep and self.backend.is_resident(d)]
         while len(resident) >= self.swapping.max_resident:
-            self.offload(resident.pop(0))
+            # written behind: the incoming job's call runs while the outgoing state is copied out
+            result = self.backend.swap_out(resident.pop(0), background=self.swapping.write_behind)
+            if result["seconds"]:
+                self._count("out", result)
 
     def switch(self, deployment) -> dict[str, Any]:
         """Make ``deployment`` resident (swapping the least recently used one out if full)."""
@@ -151,7 +157,9 @@ class WorkerRank:
         return [client.call("materialize", model) for model in self.backend.state_models(deployment)]
 
     def swap_stats(self) -> dict[str, Any]:
-        return {**self.swaps, "resident": [list(d) for d in self.lru if self.backend.is_resident(d)]}
+        out = {**self.swaps, "resident": [list(d) for d in self.lru if self.backend.is_resident(d)]}
+        out["out_bytes"] += self.backend.written_behind  # written behind, once each write is done
+        return out
 
     def export_weights(self, deployment, names: list[str] | None = None):
         if self.swapping is not None:  # a swapped-out deployment has no weights here until swapped in

@@ -8,6 +8,7 @@ parameters are sharded, the norm of the whole model's gradient (``_grad_norm``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from pathlib import Path
@@ -142,39 +143,76 @@ class TrainingBackend(Backend):
             raise RuntimeError("this worker group does not swap job state (started without a StateManager)")
         return self.state_client
 
-    def swap_out(self, deployment, *, release=True):
+    def swap_out(self, deployment, *, release=True, background=False):
         state = self.states[deployment]
         res = state.res
         out = {"bytes": 0, "seconds": 0.0}
+        self._settle(deployment)
         if not res.resident:
             return out
         client = self._client()
         started = time.perf_counter()
+        models = list(res.keys)  # before a background write may add to it
         if res.dirty:
-            for model, tensors in self._export_state(deployment, state).items():
-                previous = res.keys.get(model, [])
-                # a whole tensor is replicated on every rank of a tensor-parallel group: each writes
-                # its (identical) copy, rank 0 alone deletes it, so no rank deletes a key twice
-                gone = [k for k in previous if k not in tensors and (self.rank == 0 or k[1] != WHOLE)]
-                out["bytes"] += client.write(model, tensors, remove=gone)["bytes"]
-                res.keys[model] = list(tensors)
+            exported = self._export_state(deployment, state)  # the live tensors, kept alive here
+            models = list(dict.fromkeys([*models, *exported]))
             res.dirty = False
-            res.version += 1
+            if background and release:
+                # write-behind: the next job runs while this one's tensors go to the host tier;
+                # anything that needs this state again waits for it (``_settle``)
+                res.pending = (client.submit(self._write_state, res, exported, True), exported)
+            else:
+                out["bytes"] = self._write_state(res, exported)
         if release:
             self._release(deployment, state)
             res.resident = False
-            for model in res.keys:
+            for model in models:
                 client.call("set_resident", client.wpg, model, None)
         out["seconds"] = time.perf_counter() - started
         return out
 
+    def _write_state(self, res, exported: StateTensors, behind: bool = False) -> int:
+        client, nbytes = self._client(), 0
+        for model, tensors in exported.items():
+            previous = res.keys.get(model, [])
+            # a whole tensor is replicated on every rank of a tensor-parallel group: each writes
+            # its (identical) copy, rank 0 alone deletes it, so no rank deletes a key twice
+            gone = [k for k in previous if k not in tensors and (self.rank == 0 or k[1] != WHOLE)]
+            nbytes += client.write(model, tensors, remove=gone)["bytes"]
+            res.keys[model] = list(tensors)
+        res.version += 1
+        if behind:
+            self.written_behind += nbytes
+        return nbytes
+
+    def _settle(self, deployment) -> None:
+        """Wait for a background swap-out of ``deployment`` to finish. If it failed, the state is
+        put back on the device (nothing is lost) and the error is raised."""
+        state = self.states[deployment]
+        if state.res.pending is None:
+            return
+        (future, exported), state.res.pending = state.res.pending, None
+        try:
+            future.result()
+        except BaseException:
+            self._import_state(deployment, state, exported)
+            state.res.resident, state.res.dirty = True, True
+            raise
+
     def prefetch(self, deployment):
         state = self.states[deployment]
+        pending = state.res.pending
+        if pending is not None and not pending[0].done():  # still being written: read it once it is
+            pending[0].add_done_callback(lambda _: self.prefetch(deployment))
+            return
+        if pending is not None and pending[0].exception() is not None:
+            return  # the write failed: the state goes back on the device when it is next needed
         if not state.res.resident:
             for model, keys in state.res.keys.items():
                 self._client().prefetch(model, keys, device=self.device, version=state.res.version)
 
     def swap_in(self, deployment):
+        self._settle(deployment)
         state = self.states[deployment]
         res = state.res
         if res.resident:
@@ -198,6 +236,9 @@ class TrainingBackend(Backend):
 
     def _forget(self, deployment) -> None:
         """Drop a deployment everywhere: this rank and (rank 0) the StateManager."""
+        if deployment in self.states:
+            with contextlib.suppress(Exception):  # being dropped: a failed write-behind loses nothing wanted
+                self._settle(deployment)
         state = self.states.pop(deployment, None)
         if state is not None and self.state_client is not None and self.rank == 0:
             for model in state.res.keys:

@@ -270,7 +270,7 @@ class VllmBackend(Backend):
             return {"bytes": 0, "seconds": 0.0}
         return self._make_resident(deployment, self._state(deployment))
 
-    def swap_out(self, deployment, *, release=True):
+    def swap_out(self, deployment, *, release=True, background=False):
         """The weights are in the StateManager already (``sync_weights`` writes them there): nothing
         to write. With ``release``, the engine no longer counts as holding them (the next swap-in
         overwrites them and resets the prefix cache)."""

@@ -134,3 +134,33 @@ def test_prefetch_one_call_ahead_is_used_and_changes_nothing(swap_group, worker_
         assert results[0] == results[1], f"round {i}"
     stats = ray.get(swap_group.ranks[0].swap_stats.remote())
     assert stats["in_prefetched"] - before["in_prefetched"] >= 5
+
+
+def test_a_failed_write_behind_puts_the_state_back(tmp_path, tiny_model_dir):
+    """The background write of a swapped-out job fails (the host tier is full): the job's state
+    goes back on the device, unchanged, and the error reaches the next call that needs it."""
+    from engine.api import OptimizerConfig as Opt
+    from engine.state.client import StateClient as Client_
+    from engine.state.store import OverBudget, StateStore
+    from engine.workers.torch_backend import TorchBackend
+
+    backend = TorchBackend(rank=0, world_size=1, data_dir=tmp_path)
+    store = StateStore(tmp_path / "state", tmp_path / "shm", host_budget=1 << 30)
+    backend.state_client = Client_(store, "wpg:0")
+    d = ("job", "policy")
+    backend.create(d, tiny_model_dir, trainable=True, optimizer=Opt(lr=1e-2))
+    tok = backend.states[d].tokenizer
+    batch = Batch(prompts=[tok.encode("12+7=")], completions=[[*tok.encode("19"), tok.eos_token_id]])
+    backend.execute(d, "forward_backward", {"batch": batch, "loss": "cross_entropy", "loss_config": {}})
+    backend.execute(d, "optim_step", {})
+    before = {k: t.clone() for k, t in backend._export_state(d, backend.states[d])["job/policy"].items()}
+    store.host_budget = 1024  # nothing fits now
+    backend.swap_out(d, background=True)
+    assert not backend.is_resident(d)
+    with pytest.raises(OverBudget):
+        backend.swap_in(d)
+    assert backend.is_resident(d)
+    after = backend._export_state(d, backend.states[d])["job/policy"]
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    store.close()
