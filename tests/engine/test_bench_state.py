@@ -13,7 +13,7 @@ FRACTIONS = {"prefetch_hidden_fraction", "switch_hidden_fraction"}
 KEYS = THROUGHPUTS | SECONDS | FRACTIONS | {
     "dedup_jobs", "base_bytes", "host_bytes_without_dedup", "host_bytes_one_base_copy", "host_bytes_with_dedup",
     "state_bytes", "tensors", "repeats", "torch_threads", "device", "size_mb", "job_state_bytes",
-    "prefetches_used", "forward_backward_s",
+    "prefetches_used", "forward_backward_s", "switched_call_s",
 }
 
 
