@@ -345,10 +345,13 @@ class StateStore:
         if transition not in TRANSITIONS:
             raise ValueError(f"unknown transition {transition!r}; known: {', '.join(TRANSITIONS)}")
         with self._lock:
-            entry = self.transfers[(model, transition)]
-            entry[0] += int(nbytes)
-            entry[1] += float(seconds)
-            entry[2] += 1
+            self._add_transfer(model, transition, nbytes, seconds)
+
+    def _add_transfer(self, model: str, transition: str, nbytes: int, seconds: float) -> None:
+        entry = self.transfers[(model, transition)]  # call with the lock held
+        entry[0] += int(nbytes)
+        entry[1] += float(seconds)
+        entry[2] += 1
 
     # -- registering and forking ---------------------------------------------------------------
     def register_model(self, model: str, folder: Path) -> dict[str, int]:
@@ -572,10 +575,7 @@ class StateStore:
                 raise StateError(f"no reservation {token!r}")
             if seconds is not None:
                 written = sum(self.blobs[b].meta.nbytes for b in res.new_blobs)
-                entry = self.transfers[(res.model, "device->host")]
-                entry[0] += written
-                entry[1] += float(seconds)
-                entry[2] += 1
+                self._add_transfer(res.model, "device->host", written, seconds)
             for b in res.new_blobs:
                 blob = self.blobs[b]
                 blob.host = READY

@@ -117,9 +117,7 @@ class WorkerRank:
         resident = [d for d in self.lru if d != keep and self.backend.is_resident(d)]
         while len(resident) >= self.swapping.max_resident:
             # written behind: the incoming job's call runs while the outgoing state is copied out
-            result = self.backend.swap_out(resident.pop(0), background=self.swapping.write_behind)
-            if result["seconds"]:
-                self._count("out", result)
+            self.offload(resident.pop(0), background=self.swapping.write_behind)
 
     def switch(self, deployment) -> dict[str, Any]:
         """Make ``deployment`` resident (swapping the least recently used one out if full)."""
@@ -133,9 +131,10 @@ class WorkerRank:
         self.lru.move_to_end(deployment)
         return result
 
-    def offload(self, deployment) -> dict[str, Any]:
-        """Swap ``deployment`` out to the StateManager's host tier, freeing its device memory."""
-        result = self.backend.swap_out(tuple(deployment))
+    def offload(self, deployment, background: bool = False) -> dict[str, Any]:
+        """Swap ``deployment`` out to the StateManager's host tier, freeing its device memory
+        (``background``: the write finishes while the rank goes on)."""
+        result = self.backend.swap_out(tuple(deployment), background=background)
         if result["seconds"]:
             self._count("out", result)
         return result

@@ -28,7 +28,7 @@ from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tenso
 from engine.workers.devices import worker_device
 from engine.workers.layout import WHOLE
 from engine.workers.sampling import sample, sequence_logprobs
-from engine.workers.training import TrainingBackend
+from engine.workers.training import TrainingBackend, free_parameters
 
 
 @dataclass
@@ -113,13 +113,9 @@ class TorchBackend(TrainingBackend):
                 p.data = rollout[(name, WHOLE)]
 
     def _release(self, deployment, state):
-        modules = [state.model] if state.rollout is state.model else [state.model, state.rollout]
-        for module in modules:
-            for p in module.parameters():
-                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-                p.grad = None
-        if state.optimizer is not None:
-            state.optimizer.state.clear()
+        super()._release(deployment, state)
+        if state.rollout is not state.model:
+            free_parameters(state.rollout)
 
     # -- API functions -----------------------------------------------------------------------
     def _generate(self, deployment, state, *, prompts: list[list[int]], sampling: SamplingParams):

@@ -47,6 +47,13 @@ def fork_base(client, base: str, model: str) -> None:
     client.call("fork", base, model)
 
 
+def free_parameters(module: torch.nn.Module) -> None:
+    """Drop a module's parameter storage and gradients (the parameters stay, empty, to refill)."""
+    for p in module.parameters():
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        p.grad = None
+
+
 class TrainingBackend(Backend):
     """Deployment states live in ``self.states``; each has ``model``, ``optimizer``,
     ``optimizer_config``, ``pending_tokens``, ``steps`` and ``res`` (a ``Residency``);
@@ -98,9 +105,7 @@ class TrainingBackend(Backend):
     def _release(self, deployment, state) -> None:
         """Free the deployment's device tensors (its structure and counters stay): by default the
         parameters and gradients of ``state.model`` and the optimizer's state."""
-        for p in state.model.parameters():
-            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
-            p.grad = None
+        free_parameters(state.model)
         if state.optimizer is not None:
             state.optimizer.state.clear()
 
