@@ -62,6 +62,46 @@ def tiny_qwen():
     return model
 
 
+# --- random grouped-query Qwen2 folders for the Megatron and vLLM tests --------------------------
+
+GQA_VOCAB = 64
+GQA_PAD, GQA_EOS = 0, 1
+
+
+def _build_gqa_qwen(out: Path, *, hidden: int, tied: bool, seed: int) -> Path:
+    """A random Qwen2 (4 query heads, 2 KV heads, head_dim 32) with a word-level tokenizer
+    (``<pad>`` 0, ``<eos>`` 1, vocabulary 64), saved in ``out``."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    vocab = {"<pad>": GQA_PAD, "<eos>": GQA_EOS, "<unk>": 2} | {f"w{i}": i for i in range(3, GQA_VOCAB)}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+        pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+    )
+    config = Qwen2Config(
+        vocab_size=GQA_VOCAB, hidden_size=hidden, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+        tie_word_embeddings=tied, initializer_range=0.2, pad_token_id=GQA_PAD, eos_token_id=GQA_EOS,
+        bos_token_id=GQA_EOS,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).float()
+    with torch.no_grad():  # non-zero biases, so a wrong bias layout cannot hide behind zeros
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def build_gqa_qwen() -> Callable[..., Path]:
+    """``build_gqa_qwen(out, hidden=..., tied=..., seed=...)``: a random GQA Qwen2 folder."""
+    return _build_gqa_qwen
+
+
 # --- the session's data directory, model, Ray instance and worker group -------------------------
 
 

@@ -31,40 +31,14 @@ DEVICES_PER_RANK = 0.25
 LR = 1e-3
 
 
-def build_model(out: Path, *, tied: bool, seed: int) -> Path:
-    """A random Qwen2 with a word-level tokenizer (``<pad>`` 0, ``<eos>`` 1), saved in ``out``."""
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    vocab = {"<pad>": PAD, "<eos>": EOS, "<unk>": 2} | {f"w{i}": i for i in range(3, VOCAB)}
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
-        pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-    )
-    config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
-        tie_word_embeddings=tied, initializer_range=0.2, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=EOS,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).float()
-    with torch.no_grad():  # non-zero biases, so a wrong bias layout cannot hide behind zeros
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0.0, 0.2)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, build_gqa_qwen) -> Path:
+    return build_gqa_qwen(tmp_path_factory.mktemp("megatron-gqa-tied"), hidden=64, tied=True, seed=0)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return build_model(tmp_path_factory.mktemp("megatron-gqa-tied"), tied=True, seed=0)
-
-
-@pytest.fixture(scope="module")
-def untied_dir(tmp_path_factory) -> Path:
-    return build_model(tmp_path_factory.mktemp("megatron-gqa-untied"), tied=False, seed=1)
+def untied_dir(tmp_path_factory, build_gqa_qwen) -> Path:
+    return build_gqa_qwen(tmp_path_factory.mktemp("megatron-gqa-untied"), hidden=64, tied=False, seed=1)
 
 
 @pytest.fixture(scope="module")
