@@ -100,9 +100,10 @@ class OverBudget(StateError, MemoryError):
     """The host tier cannot make room for a request even after evicting all it may."""
 
 
-def shard_shape(meta: TensorMeta, whole: tuple[int, ...] | None, spec: ShardSpec) -> tuple[int, ...]:
-    if spec == WHOLE or whole is None:
-        return tuple(meta.shape)
+def shard_shape(whole: tuple[int, ...], spec: ShardSpec) -> tuple[int, ...]:
+    """The shape of slice ``spec`` of a tensor of shape ``whole``."""
+    if spec == WHOLE:
+        return tuple(whole)
     shape = list(whole)
     shape[spec.dim] //= spec.count
     return tuple(shape)

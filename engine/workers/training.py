@@ -129,7 +129,7 @@ class TrainingBackend(Backend):
                     return  # e.g. converted on load: the first swap-out writes the state instead
                 if shard != WHOLE and (shard.dim >= len(meta.shape) or meta.shape[shard.dim] % shard.count):
                     return
-                if shard_shape(meta, meta.shape, shard) != mine.shape:
+                if shard_shape(meta.shape, shard) != mine.shape:
                     return
         for model, ts in tensors.items():
             if self.rank == 0:
