@@ -1,0 +1,276 @@
+"""The scheduler's runtime core: queues of API calls per WPG, dispatched in HRRS order.
+
+Pure and deterministic: every input (a call submitted, a call completed, a job paused, a switch
+cost measured) comes in as an event carrying the time from an injected clock, and ``decide(now)``
+returns what to run next. There is no Ray, no thread and no wall clock here; the live engine
+(``engine.scheduler.service``) applies the decisions to worker groups, the simulator to its model.
+
+Rules (DESIGN section 4):
+
+- A WPG runs one call at a time (time-slicing at call granularity). A call may need several WPGs
+  at once (``sync_weights`` from a training WPG into a rollout WPG): it gets all of them or waits.
+- A job's calls run in the order it submitted them, one at a time: its next call becomes
+  *eligible* when the previous one has completed, so sharing a WPG never reorders a job's work.
+- Among eligible calls, the highest response ratio with setup goes first:
+  ``weight * (wait + exec + setup) / (exec + setup)``, where exec is the job's online estimate for
+  that function and setup the estimated switch cost on each WPG where the job's state is not
+  resident. Ties: the call needing fewer switches, then the older call.
+- Starvation guard: a call that has waited ``max_wait_s`` is *overdue*; overdue calls go first,
+  oldest first, and the WPGs an overdue call is waiting for are held for it (as in EASY
+  backfilling), so a multi-WPG call cannot be starved by single-WPG ones either.
+- Paused jobs' calls stay queued and are never dispatched or dropped; they run when resumed.
+- After each dispatch, the WPG's next likely call (its best remaining eligible call) is announced
+  with a ``Prefetch`` when that job's state is not resident, so the swap overlaps the running call.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from engine.metering import UsageRecord
+
+Deployment = tuple[str, str]  # (job, role)
+
+EXEC_FLOOR_S = 1e-3  # estimates below this would make ratios explode; no call is that cheap to run
+
+
+@dataclass(frozen=True)
+class Policy:
+    max_wait_s: float = 120.0  # a call that has waited this long goes first (starvation guard)
+    default_exec_s: float = 0.5  # estimate for a function nobody has run yet
+    default_setup_s: float = 0.05  # switch-cost estimate before one was measured for the job
+    ema_alpha: float = 0.3  # weight of the newest measurement in the online exec estimate
+
+
+@dataclass(frozen=True)
+class Call:
+    id: int  # submission order, scheduler-wide
+    job: str
+    role: str
+    fn: str
+    wpgs: tuple[str, ...]  # every WPG the call occupies; the first one executes it
+    submitted: float
+    tenant: str = ""
+
+    @property
+    def deployment(self) -> Deployment:
+        return (self.job, self.role)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    call: Call
+    at: float
+    setup_s: float  # estimated switch seconds (0 when the state is resident on every WPG)
+    switches: tuple[str, ...]  # WPGs that will swap the deployment in first
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    wpg: str
+    deployment: Deployment
+
+
+@dataclass
+class Wpg:
+    """A worker group as the scheduler sees it: its devices and which deployments are resident
+    (least recently used first). ``capacity`` 0: it holds every deployment (no swapping)."""
+
+    name: str
+    devices: float = 1.0
+    capacity: int = 0
+    resident: OrderedDict[Deployment, None] = field(default_factory=OrderedDict)
+    running: int | None = None  # id of the call it executes now
+
+    def is_resident(self, deployment: Deployment) -> bool:
+        return self.capacity == 0 or deployment in self.resident
+
+    def touch(self, deployment: Deployment) -> None:
+        """The deployment runs here now: resident, most recently used; the LRU one leaves if full."""
+        self.resident[deployment] = None
+        self.resident.move_to_end(deployment)
+        while self.capacity and len(self.resident) > self.capacity:
+            self.resident.popitem(last=False)
+
+
+class ExecEstimates:
+    """Online per-job, per-function execution-time estimates (exponential moving average).
+
+    A job's first call of a function is estimated from other jobs' calls of that function (their
+    mean estimate), else from the policy default."""
+
+    def __init__(self, alpha: float, default_s: float):
+        self.alpha, self.default_s = alpha, default_s
+        self._by_job: dict[tuple[str, str], float] = {}
+
+    def observe(self, job: str, fn: str, seconds: float) -> None:
+        key = (job, fn)
+        old = self._by_job.get(key)
+        self._by_job[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+
+    def get(self, job: str, fn: str) -> float:
+        value = self._by_job.get((job, fn))
+        if value is None:
+            others = [v for (_, f), v in self._by_job.items() if f == fn]
+            value = sum(others) / len(others) if others else self.default_s
+        return max(EXEC_FLOOR_S, value)
+
+    def known(self, job: str) -> dict[str, float]:
+        return {fn: v for (j, fn), v in self._by_job.items() if j == job}
+
+    def forget(self, job: str) -> None:
+        for key in [k for k in self._by_job if k[0] == job]:
+            del self._by_job[key]
+
+
+def hrrs_ratio(wait_s: float, exec_s: float, setup_s: float, weight: float = 1.0) -> float:
+    """Highest response ratio with setup: (wait + exec + setup) / (exec + setup), times the weight."""
+    service = max(EXEC_FLOOR_S, exec_s + setup_s)
+    return weight * (wait_s + service) / service
+
+
+class Scheduler:
+    """Queues, residency and estimates of a set of WPGs; ``decide`` says what runs next."""
+
+    def __init__(self, policy: Policy | None = None):
+        self.policy = policy or Policy()
+        self.wpgs: dict[str, Wpg] = {}
+        self.estimates = ExecEstimates(self.policy.ema_alpha, self.policy.default_exec_s)
+        self.queue: dict[int, Call] = {}  # submitted, not dispatched
+        self.running: dict[int, Dispatch] = {}
+        self.paused: set[str] = set()
+        self.weights: dict[str, float] = {}  # tenant -> weight (default 1)
+        self.switch_costs: dict[tuple[Deployment, str], float] = {}  # (deployment, wpg) -> seconds
+        self._jobs: dict[str, list[int]] = {}  # job -> ids of its calls not yet completed, in order
+        self._next_id = 1
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def add_wpg(self, name: str, *, devices: float = 1.0, capacity: int = 0) -> None:
+        if name not in self.wpgs:
+            self.wpgs[name] = Wpg(name, devices, capacity)
+
+    def submit(self, job: str, role: str, fn: str, wpgs: tuple[str, ...] | list[str], now: float,
+               tenant: str = "") -> Call:
+        wpgs = tuple(wpgs)
+        if not wpgs or len(set(wpgs)) != len(wpgs):
+            raise ValueError(f"a call needs one or more distinct WPGs, got {wpgs!r}")
+        unknown = [w for w in wpgs if w not in self.wpgs]
+        if unknown:
+            raise KeyError(f"unknown WPG(s) {unknown}")
+        call = Call(self._next_id, job, role, fn, wpgs, now, tenant)
+        self._next_id += 1
+        self.queue[call.id] = call
+        self._jobs.setdefault(job, []).append(call.id)
+        return call
+
+    def complete(self, call_id: int, now: float, *, exec_s: float | None = None,
+                 setup_s: float = 0.0) -> list[UsageRecord]:
+        """The call finished at ``now``; ``exec_s``: its measured execution time (without switch
+        and queue wait), which feeds the job's estimate; ``setup_s``: measured switch seconds.
+        Returns one usage record per WPG the call held."""
+        dispatch = self.running.pop(call_id)
+        call = dispatch.call
+        ids = self._jobs[call.job]
+        ids.remove(call_id)
+        if not ids:
+            del self._jobs[call.job]
+        if exec_s is not None:
+            self.estimates.observe(call.job, call.fn, exec_s)
+        records = []
+        for name in call.wpgs:
+            wpg = self.wpgs[name]
+            wpg.running = None
+            records.append(UsageRecord(job=call.job, role=call.role, fn=call.fn, wpg=name, devices=wpg.devices,
+                                       start=dispatch.at, end=now, setup_s=setup_s, call=call_id,
+                                       tenant=call.tenant))
+        return records
+
+    def pause(self, job: str) -> None:
+        self.paused.add(job)
+
+    def resume(self, job: str) -> None:
+        self.paused.discard(job)
+
+    def set_weight(self, tenant: str, weight: float) -> None:
+        if not weight > 0:
+            raise ValueError("a tenant weight must be > 0")
+        self.weights[tenant] = weight
+
+    def set_switch_cost(self, deployment: Deployment, wpg: str, seconds: float) -> None:
+        self.switch_costs[(tuple(deployment), wpg)] = max(0.0, seconds)
+
+    def evicted(self, wpg: str, deployment: Deployment) -> None:
+        """The WPG no longer holds the deployment (dropped, or swapped out outside a call)."""
+        self.wpgs[wpg].resident.pop(tuple(deployment), None)
+
+    # -- what the policy sees -------------------------------------------------------------------
+    def eligible(self) -> list[Call]:
+        """Calls that may start now: their job's oldest unfinished call, not running, not paused."""
+        out = []
+        for job, ids in self._jobs.items():
+            head = ids[0]
+            if job not in self.paused and head in self.queue:
+                out.append(self.queue[head])
+        return out
+
+    def setup_estimate(self, call: Call) -> tuple[float, tuple[str, ...]]:
+        """Estimated switch seconds of ``call`` and the WPGs where its state is not resident."""
+        switches = tuple(w for w in call.wpgs if not self.wpgs[w].is_resident(call.deployment))
+        seconds = sum(self.switch_costs.get((call.deployment, w), self.policy.default_setup_s) for w in switches)
+        return seconds, switches
+
+    def ratio(self, call: Call, now: float) -> float:
+        setup, _ = self.setup_estimate(call)
+        return hrrs_ratio(now - call.submitted, self.estimates.get(call.job, call.fn), setup,
+                          self.weights.get(call.tenant, 1.0))
+
+    def _order(self, calls: list[Call], now: float) -> list[Call]:
+        def key(call: Call):
+            overdue = now - call.submitted >= self.policy.max_wait_s
+            if overdue:
+                return (0, call.submitted, call.id)
+            return (1, -self.ratio(call, now), len(self.setup_estimate(call)[1]), call.id)
+
+        return sorted(calls, key=key)
+
+    # -- the decision ---------------------------------------------------------------------------
+    def decide(self, now: float) -> list[Dispatch | Prefetch]:
+        """Start every call that can start now, best first; then one prefetch hint per WPG that
+        just got work, for its next likely call."""
+        decisions: list[Dispatch | Prefetch] = []
+        held: set[str] = set()  # WPGs kept free for an overdue call that waits for others
+        ordered = self._order(self.eligible(), now)
+        started: list[str] = []
+        for call in ordered:
+            free = all(self.wpgs[w].running is None and w not in held for w in call.wpgs)
+            if not free:
+                if now - call.submitted >= self.policy.max_wait_s:
+                    held.update(call.wpgs)
+                continue
+            setup, switches = self.setup_estimate(call)
+            for w in call.wpgs:
+                self.wpgs[w].running = call.id
+                self.wpgs[w].touch(call.deployment)
+            del self.queue[call.id]
+            dispatch = Dispatch(call, now, setup, switches)
+            self.running[call.id] = dispatch
+            decisions.append(dispatch)
+            started.extend(call.wpgs)
+        if started:
+            waiting = [c for c in ordered if c.id in self.queue]
+            for name in started:
+                nxt = next((c for c in waiting if c.wpgs[0] == name), None)
+                if nxt is not None and not self.wpgs[name].is_resident(nxt.deployment):
+                    decisions.append(Prefetch(name, nxt.deployment))
+        return decisions
+
+    def forget(self, job: str) -> None:
+        """The job has ended: drop its estimates and costs (it must have no calls left). Its states
+        stay resident where they are until evicted, as they do on the WPGs themselves."""
+        if job in self._jobs:
+            raise ValueError(f"job {job!r} still has calls queued or running")
+        self.estimates.forget(job)
+        self.paused.discard(job)
+        for key in [k for k in self.switch_costs if k[0][0] == job]:
+            del self.switch_costs[key]
