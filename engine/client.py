@@ -28,7 +28,7 @@ from engine.api import (
 from engine.errors import SpecError
 from engine.eventlog import EventLog
 from engine.models import resolve_model
-from engine.router import Future, Router
+from engine.router import Future, Router, UsageSink
 
 __all__ = [
     "Batch",
@@ -54,12 +54,13 @@ def _load_tokenizer(model_dir: str):
 class ModelHandle:
     """A (job, role) deployment. Methods mirror the API functions and return futures."""
 
-    def __init__(self, router: Router, job: str, role: str, model_dir: Path):
+    def __init__(self, router: Router, job: str, role: str, model_dir: Path, on_usage: UsageSink | None = None):
         self._router = router
         self.job, self.role, self.model_dir = job, role, model_dir
+        self._on_usage = on_usage  # where each call's usage records go (the job's event log)
 
     def _call(self, fn: str, **payload: Any) -> Future:
-        return self._router.call(self.job, self.role, fn, payload)
+        return self._router.call(self.job, self.role, fn, payload, self._on_usage)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> Future:
         """-> list[Completion], prompt-major: the n samples of prompt i are rows i*n .. i*n+n-1."""
@@ -92,6 +93,11 @@ class Client:
     def __init__(self, router: Router, events: EventLog | None = None):
         self._router = router
         self._events = events
+        self._on_usage = self._log_usage if events is not None else None
+
+    def _log_usage(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            self._events.append("usage", record)
 
     def create_model(
         self,
@@ -105,8 +111,9 @@ class Client:
         if role not in ROLES:
             raise SpecError("role", f"unknown role {role!r}; known: {', '.join(ROLES)}")
         model_dir = resolve_model(base)
-        self._router.create(job, role, model_dir, trainable=trainable, optimizer=optimizer_config)
-        return ModelHandle(self._router, job, role, model_dir)
+        self._router.create(job, role, model_dir, trainable=trainable, optimizer=optimizer_config,
+                            on_usage=self._on_usage)
+        return ModelHandle(self._router, job, role, model_dir, self._on_usage)
 
     def tokenizer(self, handle_or_base: ModelHandle | str):
         """The model's tokenizer, loaded locally from its preset or folder."""

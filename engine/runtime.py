@@ -101,8 +101,10 @@ class LocalEngine:
             g.shutdown()
         self.groups.clear()
         if self._owns_ray and ray.is_initialized():
+            from engine.scheduler.service import stop_scheduler
             from engine.state.manager import stop_state_manager
 
+            stop_scheduler()
             stop_state_manager()
             ray.shutdown()
 

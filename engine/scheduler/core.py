@@ -11,6 +11,10 @@ Rules (DESIGN section 4):
   at once (``sync_weights`` from a training WPG into a rollout WPG): it gets all of them or waits.
 - A job's calls run in the order it submitted them, one at a time: its next call becomes
   *eligible* when the previous one has completed, so sharing a WPG never reorders a job's work.
+  The order is the caller's own numbering (``seq``), not arrival order: calls sent back to back
+  may reach the scheduler out of order (a large batch takes longer to arrive than a small call
+  behind it), and call ``seq`` waits until ``seq - 1`` has arrived and run. Each caller numbers
+  its own *stream* of a job's calls (a restarted driver opens a new stream).
 - Among eligible calls, the highest response ratio with setup goes first:
   ``weight * (wait + exec + setup) / (exec + setup)``, where exec is the job's online estimate for
   that function and setup the estimated switch cost on each WPG where the job's state is not
@@ -52,6 +56,8 @@ class Call:
     wpgs: tuple[str, ...]  # every WPG the call occupies; the first one executes it
     submitted: float
     tenant: str = ""
+    stream: tuple[str, str] = ("", "")  # (job, caller's stream id): calls of a stream run in seq order
+    seq: int = 0
 
     @property
     def deployment(self) -> Deployment:
@@ -142,7 +148,9 @@ class Scheduler:
         self.paused: set[str] = set()
         self.weights: dict[str, float] = {}  # tenant -> weight (default 1)
         self.switch_costs: dict[tuple[Deployment, str], float] = {}  # (deployment, wpg) -> seconds
-        self._jobs: dict[str, list[int]] = {}  # job -> ids of its calls not yet completed, in order
+        # per stream: the next seq to run, and the stream's calls not yet completed by seq
+        self._next_seq: dict[tuple[str, str], int] = {}
+        self._pending: dict[tuple[str, str], dict[int, int]] = {}  # stream -> {seq: call id}
         self._next_id = 1
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -151,17 +159,26 @@ class Scheduler:
             self.wpgs[name] = Wpg(name, devices, capacity)
 
     def submit(self, job: str, role: str, fn: str, wpgs: tuple[str, ...] | list[str], now: float,
-               tenant: str = "") -> Call:
+               tenant: str = "", *, stream: str = "", seq: int | None = None) -> Call:
+        """Queue a call. ``seq``: its number in the caller's ``stream`` of this job's calls
+        (0, 1, 2, ...); omitted, calls of the stream are numbered in arrival order."""
         wpgs = tuple(wpgs)
         if not wpgs or len(set(wpgs)) != len(wpgs):
             raise ValueError(f"a call needs one or more distinct WPGs, got {wpgs!r}")
         unknown = [w for w in wpgs if w not in self.wpgs]
         if unknown:
             raise KeyError(f"unknown WPG(s) {unknown}")
-        call = Call(self._next_id, job, role, fn, wpgs, now, tenant)
+        key = (job, stream)
+        pending = self._pending.setdefault(key, {})
+        first = self._next_seq.setdefault(key, 0)
+        if seq is None:
+            seq = max(pending, default=first - 1) + 1
+        if seq < first or seq in pending:
+            raise ValueError(f"call {seq} of stream {key} was already submitted")
+        call = Call(self._next_id, job, role, fn, wpgs, now, tenant, key, seq)
         self._next_id += 1
         self.queue[call.id] = call
-        self._jobs.setdefault(job, []).append(call.id)
+        pending[seq] = call.id
         return call
 
     def complete(self, call_id: int, now: float, *, exec_s: float | None = None,
@@ -171,10 +188,11 @@ class Scheduler:
         Returns one usage record per WPG the call held."""
         dispatch = self.running.pop(call_id)
         call = dispatch.call
-        ids = self._jobs[call.job]
-        ids.remove(call_id)
-        if not ids:
-            del self._jobs[call.job]
+        pending = self._pending[call.stream]
+        del pending[call.seq]
+        self._next_seq[call.stream] = call.seq + 1
+        if not pending:
+            del self._pending[call.stream]
         if exec_s is not None:
             self.estimates.observe(call.job, call.fn, exec_s)
         records = []
@@ -206,11 +224,12 @@ class Scheduler:
 
     # -- what the policy sees -------------------------------------------------------------------
     def eligible(self) -> list[Call]:
-        """Calls that may start now: their job's oldest unfinished call, not running, not paused."""
+        """Calls that may start now: the next call of their stream (every earlier one completed),
+        not running, of a job that is not paused."""
         out = []
-        for job, ids in self._jobs.items():
-            head = ids[0]
-            if job not in self.paused and head in self.queue:
+        for key, pending in self._pending.items():
+            head = pending.get(self._next_seq[key])
+            if head is not None and head in self.queue and key[0] not in self.paused:
                 out.append(self.queue[head])
         return out
 
@@ -268,8 +287,10 @@ class Scheduler:
     def forget(self, job: str) -> None:
         """The job has ended: drop its estimates and costs (it must have no calls left). Its states
         stay resident where they are until evicted, as they do on the WPGs themselves."""
-        if job in self._jobs:
+        if any(key[0] == job for key in self._pending):
             raise ValueError(f"job {job!r} still has calls queued or running")
+        for key in [k for k in self._next_seq if k[0] == job]:
+            del self._next_seq[key]
         self.estimates.forget(job)
         self.paused.discard(job)
         for key in [k for k in self.switch_costs if k[0][0] == job]:

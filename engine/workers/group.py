@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import os
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from engine.workers.backend import BackendKind, backend_class
 from engine.workers.layout import gather_shards
 
 NOOP = "noop"  # a call that does nothing in the rank: probes the call path (liveness, overhead)
+CREATE = "create"  # makes a deployment resident from a model folder (payload: model_dir, trainable, optimizer)
 DEVICE_RESOURCE = "device"  # per-node custom resource: one slot per accelerator (or CPU slot)
 
 
@@ -68,6 +70,7 @@ class WorkerRank:
         self.lru: collections.OrderedDict[tuple, None] = collections.OrderedDict()
         self.swaps = {"in": 0, "out": 0, "in_bytes": 0, "out_bytes": 0, "in_seconds": 0.0, "out_seconds": 0.0,
                       "in_prefetched": 0}
+        self._setup_s = 0.0  # switch seconds of the call being run
         if swapping is not None:
             from engine.state.client import StateClient
             from engine.state.manager import state_manager
@@ -77,7 +80,7 @@ class WorkerRank:
 
             self.backend.state_client = StateClient(connect, f"{wpg}:{rank}")  # accounting per rank
 
-    def create(self, deployment, model_dir: str, trainable: bool, optimizer: OptimizerConfig | None):
+    def create(self, deployment, model_dir: str, trainable: bool, optimizer: OptimizerConfig | None = None):
         deployment = tuple(deployment)
         self._make_room(deployment)
         info = self.backend.create(deployment, Path(model_dir), trainable=trainable, optimizer=optimizer)
@@ -87,6 +90,18 @@ class WorkerRank:
     def drop(self, deployment) -> None:
         self.lru.pop(tuple(deployment), None)
         self.backend.drop(tuple(deployment))
+
+    def run(self, request: Request) -> tuple[Any, dict[str, float]]:
+        """Execute a call the scheduler dispatched; returns its result and its timing: ``setup_s``
+        (switching the deployment's state in) and ``exec_s`` (the rest), queue wait excluded."""
+        started = time.perf_counter()
+        self._setup_s = 0.0
+        if request.fn == CREATE:
+            result = self.create(request.deployment, **request.payload)
+        else:
+            result = self.execute(request)
+        total = time.perf_counter() - started
+        return result, {"setup_s": self._setup_s, "exec_s": max(0.0, total - self._setup_s)}
 
     def execute(self, request: Request) -> Any:
         if request.fn == NOOP:
@@ -127,6 +142,7 @@ class WorkerRank:
             self._make_room(deployment)
             result = self.backend.swap_in(deployment)
             self._count("in", result)
+            self._setup_s += result["seconds"]
         self.lru[deployment] = None
         self.lru.move_to_end(deployment)
         return result
@@ -188,6 +204,8 @@ class WorkerGroup:
     kind: BackendKind
     ranks: list[Any]  # WorkerRank actor handles
     serves: frozenset[str]
+    devices: float = 1.0  # device slots the group holds (ranks x devices per rank)
+    max_resident: int = 0  # deployments it holds on its devices at once (0: all, no swapping)
 
     @classmethod
     def start(
@@ -206,7 +224,8 @@ class WorkerGroup:
             for rank in range(world_size)
         ]
         ray.get([r.ping.remote() for r in ranks])
-        return cls(name=name, kind=kind, ranks=ranks, serves=backend_class(kind).serves)
+        return cls(name=name, kind=kind, ranks=ranks, serves=backend_class(kind).serves,
+                   devices=world_size * devices_per_rank, max_resident=swapping.max_resident if swapping else 0)
 
     def create(self, deployment, model_dir: Path, *, trainable: bool, optimizer: OptimizerConfig | None):
         refs = [r.create.remote(deployment, str(model_dir), trainable, optimizer) for r in self.ranks]
