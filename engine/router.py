@@ -13,13 +13,12 @@ Each call's usage records (metering) come back with its result and go to the cal
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
-
 import itertools
 import uuid
 from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import ray
 

@@ -14,6 +14,7 @@ order events arrive. It is a named, detached actor so every job's driver reaches
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any
 
@@ -123,7 +124,5 @@ def scheduler_service(groups: list[Any] | None = None, policy: Policy | None = N
 
 
 def stop_scheduler() -> None:
-    try:
+    with contextlib.suppress(ValueError):  # none running
         ray.kill(ray.get_actor(SCHEDULER_NAME))
-    except ValueError:
-        pass  # none running

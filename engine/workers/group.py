@@ -96,10 +96,8 @@ class WorkerRank:
         (switching the deployment's state in) and ``exec_s`` (the rest), queue wait excluded."""
         started = time.perf_counter()
         self._setup_s = 0.0
-        if request.fn == CREATE:
-            result = self.create(request.deployment, **request.payload)
-        else:
-            result = self.execute(request)
+        create = request.fn == CREATE
+        result = self.create(request.deployment, **request.payload) if create else self.execute(request)
         total = time.perf_counter() - started
         return result, {"setup_s": self._setup_s, "exec_s": max(0.0, total - self._setup_s)}
 
