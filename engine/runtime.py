@@ -113,24 +113,54 @@ class LocalEngine:
         on_event: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.2,
     ) -> dict[str, Any]:
         """Run one job's driver to completion, feeding each new event to ``on_event``."""
-        from engine.driver import JobDriver
-
         if not self.groups:
             self.start_groups_for(spec)
-        driver = JobDriver.options(name=f"driver:{job_id}").remote(job_id, spec, self.groups, str(events_path))
-        ref = driver.run.remote()
-        seen = 0
-        try:
-            while True:
-                ready, _ = ray.wait([ref], timeout=poll_s)
-                for event in read_events(events_path, after_seq=seen):
-                    seen = event["seq"]
-                    if on_event is not None:
-                        on_event(event)
-                if ready:
-                    return ray.get(ref)
-        finally:
+        forward = None if on_event is None else (lambda _job, event: on_event(event))
+        return run_jobs([JobRun(job_id, spec, Path(events_path))], self.groups, forward, poll_s)[job_id]
+
+
+@dataclass(frozen=True)
+class JobRun:
+    job_id: str
+    spec: JobSpec
+    events_path: Path
+
+
+def run_jobs(
+    runs: list[JobRun], groups: list[WorkerGroup],
+    on_event: Callable[[str, dict[str, Any]], None] | None = None, poll_s: float = 0.2,
+) -> dict[str, dict[str, Any]]:
+    """Run several jobs' drivers at once over ``groups`` (the scheduler time-slices the groups
+    they share) until all have finished; ``on_event(job_id, event)`` sees each job's events in
+    order. Returns each job's summary. If one job fails, the others are stopped and it raises."""
+    from engine.driver import JobDriver
+
+    drivers = {r.job_id: JobDriver.options(name=f"driver:{r.job_id}").remote(r.job_id, r.spec, groups,
+                                                                              str(r.events_path))
+               for r in runs}
+    pending = {drivers[r.job_id].run.remote(): r for r in runs}
+    seen = dict.fromkeys(drivers, 0)
+    summaries: dict[str, dict[str, Any]] = {}
+
+    def drain(run: JobRun) -> None:
+        for event in read_events(run.events_path, after_seq=seen[run.job_id]):
+            seen[run.job_id] = event["seq"]
+            if on_event is not None:
+                on_event(run.job_id, event)
+
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=poll_s)
+            for run in runs:
+                drain(run)
+            for ref in ready:
+                run = pending.pop(ref)
+                summaries[run.job_id] = ray.get(ref)
+                drain(run)
+    finally:
+        for driver in drivers.values():
             ray.kill(driver)
+    return summaries
 
 
 def write_run_outputs(events_path: Path, out: Path, summary: dict[str, Any]) -> None:

@@ -169,8 +169,8 @@ class Scheduler:
         if unknown:
             raise KeyError(f"unknown WPG(s) {unknown}")
         key = (job, stream)
-        pending = self._pending.setdefault(key, {})
-        first = self._next_seq.setdefault(key, 0)
+        pending = self._pending.get(key, {})
+        first = self._next_seq.get(key, 0)
         if seq is None:
             seq = max(pending, default=first - 1) + 1
         if seq < first or seq in pending:
@@ -178,6 +178,8 @@ class Scheduler:
         call = Call(self._next_id, job, role, fn, wpgs, now, tenant, key, seq)
         self._next_id += 1
         self.queue[call.id] = call
+        self._next_seq[key] = first
+        self._pending[key] = pending  # only now: a rejected call must not leave an empty entry
         pending[seq] = call.id
         return call
 
@@ -236,7 +238,7 @@ class Scheduler:
     def setup_estimate(self, call: Call) -> tuple[float, tuple[str, ...]]:
         """Estimated switch seconds of ``call`` and the WPGs where its state is not resident."""
         switches = tuple(w for w in call.wpgs if not self.wpgs[w].is_resident(call.deployment))
-        seconds = sum(self.switch_costs.get((call.deployment, w), self.policy.default_setup_s) for w in switches)
+        seconds = sum((self.switch_costs.get((call.deployment, w), self.policy.default_setup_s) for w in switches), 0.0)
         return seconds, switches
 
     def ratio(self, call: Call, now: float) -> float:
