@@ -105,3 +105,77 @@ def test_a_last_line_without_its_newline_is_torn_too(path):
     assert log.append("log", {"message": "again"}) == 3
     log.close()
     assert [e["data"] for e in read_events(path)][-1] == {"message": "again"}
+
+
+CONSUMER = r"""
+import sqlite3, sys, time
+from engine.eventlog import read_events
+
+log, db, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+con = sqlite3.connect(db, isolation_level=None)
+con.execute("CREATE TABLE IF NOT EXISTS cursor (seq INTEGER)")
+con.execute("CREATE TABLE IF NOT EXISTS seen (seq INTEGER)")  # not unique: a double delivery would show
+if con.execute("SELECT COUNT(*) FROM cursor").fetchone()[0] == 0:
+    con.execute("INSERT INTO cursor VALUES (0)")
+while True:
+    cursor = con.execute("SELECT seq FROM cursor").fetchone()[0]
+    if cursor >= total:
+        break
+    page = read_events(log, after_seq=cursor, limit=5)
+    if not page:
+        time.sleep(0.005)
+    for event in page:
+        # the event's effect and the cursor move in one transaction: a kill loses or keeps both
+        con.execute("BEGIN")
+        con.execute("INSERT INTO seen VALUES (?)", (event["seq"],))
+        con.execute("UPDATE cursor SET seq = ?", (event["seq"],))
+        con.execute("COMMIT")
+"""
+
+
+def test_a_killed_consumer_resumes_by_cursor_and_sees_every_event_once(tmp_path):
+    """A consumer in its own process follows a log that is still being written, is killed with
+    SIGKILL three times, and restarts from its committed cursor each time."""
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    from tests.engine.conftest import REPO
+
+    total, path, db = 400, tmp_path / "events.jsonl", tmp_path / "consumer.sqlite"
+    log = EventLog(path)
+
+    def start():
+        return subprocess.Popen([sys.executable, "-c", CONSUMER, str(path), str(db), str(total)], cwd=REPO)
+
+    def progress() -> int:
+        if not db.exists():
+            return 0
+        con = sqlite3.connect(db)
+        try:
+            return con.execute("SELECT COUNT(*) FROM seen").fetchone()[0]
+        except sqlite3.OperationalError:
+            return 0
+        finally:
+            con.close()
+
+    consumer, kills = start(), 0
+    for i in range(total):
+        log.append("metrics", {"step": i + 1}, durable=i % 50 == 0)
+        if i % 100 == 99 and kills < 3:
+            deadline = time.monotonic() + 60
+            while progress() < i - 20 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            consumer.kill()  # SIGKILL: no clean-up, possibly mid-transaction
+            consumer.wait()
+            kills += 1
+            consumer = start()
+        time.sleep(0.001)
+    log.close()
+    assert consumer.wait(timeout=120) == 0
+    assert kills == 3
+    con = sqlite3.connect(db)
+    seen = [row[0] for row in con.execute("SELECT seq FROM seen ORDER BY rowid")]
+    con.close()
+    assert seen == list(range(1, total + 1))
