@@ -22,6 +22,7 @@ class UsageRecord:
     start: float  # when the call got the WPG (clock seconds)
     end: float
     setup_s: float = 0.0  # of [start, end], seconds spent switching the job's state in
+    exec_s: float | None = None  # of [start, end], seconds the WPG computed (measured by its ranks)
     call: int = 0  # the scheduler's call id
     tenant: str = ""
 

@@ -202,7 +202,7 @@ class Scheduler:
             wpg = self.wpgs[name]
             wpg.running = None
             records.append(UsageRecord(job=call.job, role=call.role, fn=call.fn, wpg=name, devices=wpg.devices,
-                                       start=dispatch.at, end=now, setup_s=setup_s, call=call_id,
+                                       start=dispatch.at, end=now, setup_s=setup_s, exec_s=exec_s, call=call_id,
                                        tenant=call.tenant))
         return records
 

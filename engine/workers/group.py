@@ -209,8 +209,14 @@ class WorkerGroup:
     def start(
         cls, name: str, kind: BackendKind | str = BackendKind.TORCH, *, world_size: int = 1,
         threads: int = 2, data_dir: Path, devices_per_rank: float = 1.0, swapping: Swapping | None = None,
+        serves: frozenset[str] | None = None,
     ) -> WorkerGroup:
+        """``serves``: the functions this group is for, a subset of its backend's (e.g. a torch group
+        that only rolls out, beside a torch group that only trains); default all of them."""
         kind = BackendKind(kind)
+        offered = backend_class(kind).serves
+        if serves is not None and not frozenset(serves) <= offered:
+            raise ValueError(f"a {kind.value} group cannot serve {sorted(frozenset(serves) - offered)}")
         # Ranks of a multi-rank group meet at a free local port (torch.distributed rendezvous).
         dist_url = f"tcp://127.0.0.1:{_free_port()}" if world_size > 1 else None
         # On a GPU node a device slot is a GPU: Ray hands each rank its share (CUDA_VISIBLE_DEVICES).
@@ -222,7 +228,7 @@ class WorkerGroup:
             for rank in range(world_size)
         ]
         ray.get([r.ping.remote() for r in ranks])
-        return cls(name=name, kind=kind, ranks=ranks, serves=backend_class(kind).serves,
+        return cls(name=name, kind=kind, ranks=ranks, serves=frozenset(serves) if serves is not None else offered,
                    devices=world_size * devices_per_rank, max_resident=swapping.max_resident if swapping else 0)
 
     def create(self, deployment, model_dir: Path, *, trainable: bool, optimizer: OptimizerConfig | None):
