@@ -304,9 +304,9 @@ def test_multi_wpg_call_needs_all_its_wpgs_and_meters_each():
     records = s.complete(sync.id, 7.0, exec_s=2.75, setup_s=0.25)
     assert records == [
         UsageRecord(job="y", role="actor", fn="sync_weights", wpg="rollout", devices=4.0, start=4.0, end=7.0,
-                    setup_s=0.25, call=sync.id, tenant="t"),
+                    setup_s=0.25, exec_s=2.75, call=sync.id, tenant="t"),
         UsageRecord(job="y", role="actor", fn="sync_weights", wpg="train", devices=2.0, start=4.0, end=7.0,
-                    setup_s=0.25, call=sync.id, tenant="t"),
+                    setup_s=0.25, exec_s=2.75, call=sync.id, tenant="t"),
     ]
     assert device_seconds(records) == 4.0 * 3 + 2.0 * 3
     assert s.wpgs["rollout"].running is None
