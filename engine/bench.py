@@ -40,6 +40,9 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--jobs", type=int, default=4, help="jobs whose frozen references share one base model")
     s.add_argument("--repeats", type=int, default=5, help="timed repeats per measurement (median reported)")
     s.set_defaults(func=cmd_bench_state)
+    from engine.bench_mux import add_mux_bench
+
+    add_mux_bench(bsub)
 
 
 def _percentiles(samples: list[float]) -> dict[str, float]:

@@ -18,7 +18,7 @@ from engine.paths import plexrl_home, runs_dir
 from engine.spec import JobSpec
 from engine.workers.backend import BackendKind
 from engine.workers.devices import accelerator_count
-from engine.workers.group import DEVICE_RESOURCE, WorkerGroup
+from engine.workers.group import DEVICE_RESOURCE, Swapping, WorkerGroup
 
 
 def default_devices() -> int:
@@ -68,10 +68,12 @@ class LocalEngine:
 
     def start_group(
         self, name: str, kind: BackendKind | str = BackendKind.TORCH, world_size: int = 1, *,
-        devices_per_rank: float = 1.0, threads: int | None = None,
+        devices_per_rank: float = 1.0, threads: int | None = None, swapping: Swapping | None = None,
+        serves: frozenset[str] | None = None,
     ) -> WorkerGroup:
         group = WorkerGroup.start(name, kind, world_size=world_size, threads=threads or self.config.threads_per_rank,
-                                  data_dir=self.data_dir, devices_per_rank=devices_per_rank)
+                                  data_dir=self.data_dir, devices_per_rank=devices_per_rank, swapping=swapping,
+                                  serves=serves)
         self.groups.append(group)
         return group
 

@@ -1,0 +1,203 @@
+"""``plexrl bench mux``: several real jobs, each alone on dedicated groups vs all on shared ones.
+
+(a) Dedicated: the jobs run one after another, each on a rollout WPG and a train WPG of its own
+    (the async-split style of deployment a job would otherwise reserve).
+(b) Shared: all jobs at once on one rollout WPG and one train WPG with the same devices per WPG;
+    the scheduler time-slices the two groups and swaps job states through the StateManager.
+
+Device-seconds reserved = devices x wall time the groups are held. A device here is one CPU
+core: every rank computes with one torch thread, so a WPG of one device cannot borrow another's.
+Nothing is asserted; the result says whether each job's ``metrics.jsonl`` is byte-identical
+between (a) and (b), and where (b)'s device time went (computing, switching, idle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from engine.rl.grpo import GRPOConfig
+from engine.spec import JobSpec
+
+ROLLOUT = frozenset({"generate", "sync_weights"})
+TRAIN = frozenset({"forward", "forward_backward", "optim_step", "save_checkpoint", "load_checkpoint"})
+DEVICES_PER_WPG = 1.0  # one device slot = one core, computed on by one thread
+
+
+def job_shapes(jobs: int, steps: int, seed: int) -> list[tuple[str, JobSpec]]:
+    """The bench's jobs: a tool-using one, a training-heavy one, then default ones."""
+    base = GRPOConfig(prompts_per_step=64, samples_per_prompt=8, updates_per_step=4, eval_every=max(1, steps // 2),
+                      eval_size=100)
+    default = JobSpec(task="arith", model="tiny-arith", steps=steps, seed=seed, rollout="torch", trainer="torch",
+                      grpo=base)
+    shapes = [
+        ("tools", dataclasses.replace(default, task="arith-tools", model="tiny-arith-tools", seed=seed + 1)),
+        # more passes on the train side per sample: a frozen reference's log-probs (KL penalty), old
+        # log-probs recomputed by the trainer, and more, smaller optimizer steps
+        ("train-heavy", dataclasses.replace(default, seed=seed + 2, grpo=dataclasses.replace(
+            base, kl_coef=0.05, recompute_logprobs=True, updates_per_step=8))),
+    ]
+    i = 0
+    while len(shapes) < jobs:
+        shapes.append((f"default-{i}", dataclasses.replace(default, seed=seed + 3 + i)))
+        i += 1
+    return shapes[:jobs]
+
+
+def _wall(events: list[dict]) -> tuple[float, float]:
+    """(start, end) of a job: its "running" and its "succeeded" state events."""
+    states = {e["data"]["state"]: e["ts"] for e in events if e["kind"] == "state"}
+    return states["running"], states["succeeded"]
+
+
+def _exec_by_fn(usage: list[dict]) -> dict[str, float]:
+    by_fn: dict[str, list[float]] = defaultdict(list)
+    for u in usage:
+        if u.get("exec_s") is not None:
+            by_fn[u["fn"]].append(u["exec_s"])
+    return {fn: statistics.median(v) for fn, v in sorted(by_fn.items())}
+
+
+def bench_mux(*, jobs: int, steps: int, seed: int, max_resident: int = 2, progress: bool = False,
+              out: Path | None = None) -> dict[str, Any]:
+    import ray
+    from tqdm import tqdm
+
+    from engine.eventlog import read_events
+    from engine.models import resolve_model
+    from engine.runtime import EngineConfig, JobRun, LocalEngine, default_run_dir, run_jobs, write_run_outputs
+    from engine.workers.group import Swapping
+
+    shapes = job_shapes(jobs, steps, seed)
+    for _, spec in shapes:
+        resolve_model(spec.model, progress=progress)  # build missing presets before any clock starts
+    root = Path(out) if out else default_run_dir("bench-mux")
+    bar = tqdm(total=2 * jobs * steps, desc="bench mux", unit="step", disable=not progress)
+
+    def count(_job: str, event: dict) -> None:
+        if event["kind"] == "metrics":
+            bar.update(1)
+
+    def start_pair(engine: LocalEngine, prefix: str, swapping: Swapping | None):
+        return [engine.start_group(f"{prefix}-{side}", "torch", devices_per_rank=DEVICES_PER_WPG, threads=1,
+                                   swapping=swapping, serves=serves)
+                for side, serves in (("rollout", ROLLOUT), ("train", TRAIN))]
+
+    def finish(mode: str, runs: list[JobRun], summaries: dict[str, dict]) -> dict[str, list[dict]]:
+        out_events = {}
+        for run in runs:
+            write_run_outputs(run.events_path, run.events_path.parent, summaries[run.job_id])
+            out_events[run.job_id] = read_events(run.events_path)
+        return out_events
+
+    config = EngineConfig(devices=int(2 * DEVICES_PER_WPG), threads_per_rank=1, num_cpus=2)
+    dedicated: dict[str, dict[str, Any]] = {}
+    with LocalEngine(config, data_dir=None) as engine:
+        for name, spec in shapes:  # (a) one after another, each on a pair of groups of its own
+            groups = start_pair(engine, f"alone-{name}", None)
+            run = JobRun(f"{name}-alone", spec, root / "dedicated" / name / "events.jsonl")
+            events = finish("dedicated", [run], run_jobs([run], groups, count, poll_s=0.05))[run.job_id]
+            start, end = _wall(events)
+            usage = [e["data"] for e in events if e["kind"] == "usage"]
+            dedicated[name] = {"wall_s": end - start, "exec_s": _exec_by_fn(usage)}
+            for g in groups:
+                g.shutdown()
+                engine.groups.remove(g)
+        # (b) all at once on one shared pair
+        shared = start_pair(engine, "shared", Swapping(max_resident=max_resident))
+        runs = [JobRun(f"{name}-shared", spec, root / "shared" / name / "events.jsonl") for name, spec in shapes]
+        events = finish("shared", runs, run_jobs(runs, shared, count, poll_s=0.05))
+        swaps = [ray.get(g.ranks[0].swap_stats.remote()) for g in shared]
+    bar.close()
+
+    spans = {run.job_id: _wall(events[run.job_id]) for run in runs}
+    first = min(s for s, _ in spans.values())
+    makespan = max(e for _, e in spans.values()) - first
+    devices = 2 * DEVICES_PER_WPG
+    usage = [u["data"] for ev in events.values() for u in ev if u["kind"] == "usage"]
+    busy = sum(u["devices"] * (u["end"] - u["start"]) for u in usage)
+    setup = sum(u["devices"] * u["setup_s"] for u in usage)
+    dedicated_ds = sum(devices * d["wall_s"] for d in dedicated.values())
+    shared_ds = devices * makespan
+    per_job = []
+    for (name, spec), run in zip(shapes, runs, strict=True):
+        a = (root / "dedicated" / name / "metrics.jsonl").read_bytes()
+        b = (root / "shared" / name / "metrics.jsonl").read_bytes()
+        start, end = spans[run.job_id]
+        per_job.append({
+            "job": name,
+            "slowdown": (end - start) / dedicated[name]["wall_s"],
+            "identical_metrics": a == b,
+            "dedicated_wall_s": dedicated[name]["wall_s"],
+            "shared_wall_s": end - start,
+            "exec_s": dedicated[name]["exec_s"],
+            "spec": spec.to_dict(),
+        })
+    return {
+        "jobs": jobs,
+        "steps": steps,
+        "seed": seed,
+        "devices_per_wpg": DEVICES_PER_WPG,
+        "max_resident": max_resident,
+        "dedicated_device_seconds": dedicated_ds,
+        "shared_device_seconds": shared_ds,
+        "device_seconds_ratio": shared_ds / dedicated_ds,
+        "makespan_s": makespan,
+        "dedicated_makespan_s": sum(d["wall_s"] for d in dedicated.values()),
+        "shared_utilisation": busy / shared_ds,
+        "shared_breakdown": {
+            "compute_device_seconds": busy - setup,
+            "switch_device_seconds": setup,
+            "idle_device_seconds": shared_ds - busy,
+        },
+        "switches": sum(s["in"] for s in swaps),
+        "switch_seconds": sum(s["in_seconds"] for s in swaps),
+        "swap_out_seconds": sum(s["out_seconds"] for s in swaps),
+        "all_identical": all(p["identical_metrics"] for p in per_job),
+        "per_job": per_job,
+        "out": str(root),
+    }
+
+
+def add_mux_bench(bsub: argparse._SubParsersAction) -> None:
+    m = bsub.add_parser("mux", help="N real jobs each alone on dedicated WPGs vs all on one shared pair")
+    m.add_argument("--jobs", type=int, default=4)
+    m.add_argument("--steps", type=int, default=10)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--max-resident", type=int, default=2, help="job states each shared WPG holds at once")
+    m.add_argument("--out", type=Path, default=None, help="where the runs' outputs go (default: under PLEXRL_HOME)")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_bench_mux)
+
+
+def cmd_bench_mux(args: argparse.Namespace) -> int:
+    from engine.cli import _is_tty
+    from engine.errors import SpecError
+
+    for field, value, low in (("--jobs", args.jobs, 1), ("--steps", args.steps, 1), ("--max-resident",
+                                                                                      args.max_resident, 1)):
+        if value < low:
+            raise SpecError(field, f"must be >= {low}")
+    r = bench_mux(jobs=args.jobs, steps=args.steps, seed=args.seed, max_resident=args.max_resident,
+                  progress=_is_tty(), out=args.out)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"{'job':<14}{'alone s':>10}{'shared s':>10}{'slowdown':>10}  identical")
+    for p in r["per_job"]:
+        print(f"{p['job']:<14}{p['dedicated_wall_s']:>10.1f}{p['shared_wall_s']:>10.1f}{p['slowdown']:>10.2f}  "
+              f"{p['identical_metrics']}")
+    b = r["shared_breakdown"]
+    print(f"device-seconds: dedicated {r['dedicated_device_seconds']:.1f}, shared {r['shared_device_seconds']:.1f} "
+          f"(ratio {r['device_seconds_ratio']:.2f}); makespan {r['dedicated_makespan_s']:.1f} s -> "
+          f"{r['makespan_s']:.1f} s")
+    print(f"shared WPGs: utilisation {100 * r['shared_utilisation']:.0f} %; compute {b['compute_device_seconds']:.1f}, "
+          f"switch {b['switch_device_seconds']:.1f}, idle {b['idle_device_seconds']:.1f} device-s; "
+          f"{r['switches']} switches, {r['switch_seconds']:.2f} s swapping in")
+    return 0
+
