@@ -25,7 +25,7 @@ import ray
 from engine.api import OptimizerConfig, Request
 from engine.scheduler.placement import GroupView, Placement, place_deployment
 from engine.scheduler.service import scheduler_service
-from engine.workers.group import CREATE, NOOP, WorkerGroup
+from engine.workers.group import BULKY, CREATE, NOOP, WorkerGroup
 
 UsageSink = Callable[[list[dict[str, Any]]], None]
 
@@ -44,6 +44,8 @@ class Future:
     def result(self, timeout: float | None = None) -> Any:
         if self._value is self._UNSET:
             value, usage = ray.get(self._ref, timeout=timeout)
+            if self.request.fn in BULKY:
+                value = ray.get(value[0], timeout=timeout)  # fetched from the rank, not via the scheduler
             if self._on_usage is not None:
                 self._on_usage(usage)
             self._value = value
@@ -103,5 +105,7 @@ class Router:
 
     def _submit(self, request: Request, wpgs: tuple[str, ...], on_usage: UsageSink | None) -> Future:
         seq = next(self._seq[request.job])
-        ref = self.scheduler.submit.remote(request, wpgs, self.tenant, self._stream, seq)
+        body = [ray.put(request)] if request.fn in BULKY else request  # nested: passed on unread
+        ref = self.scheduler.submit.remote(request.job, request.role, request.fn, body, wpgs, self.tenant,
+                                           self._stream, seq)
         return Future(ref, request, on_usage)

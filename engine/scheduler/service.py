@@ -31,7 +31,7 @@ class SchedulerService:
     def __init__(self, policy: Policy | None = None):
         self.core = Scheduler(policy)
         self.groups: dict[str, Any] = {}  # name -> WorkerGroup
-        self._waiting: dict[int, tuple[asyncio.Future, Request]] = {}
+        self._waiting: dict[int, tuple[asyncio.Future, Request | ray.ObjectRef]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._origin = time.monotonic()
         self.switches = 0
@@ -47,33 +47,47 @@ class SchedulerService:
             self.groups[g.name] = g
             self.core.add_wpg(g.name, devices=g.devices, capacity=g.max_resident)
 
-    async def submit(self, request: Request, wpgs: tuple[str, ...], tenant: str, stream: str,
-                     seq: int) -> tuple[Any, list[dict]]:
-        """Queue ``request`` on ``wpgs`` (the first executes it) as call ``seq`` of the caller's
-        ``stream``; returns (result, usage records) when it has run. A failed call raises here,
-        and its WPG is free again."""
-        call = self.core.submit(request.job, request.role, request.fn, wpgs, self._now(), tenant,
-                                stream=stream, seq=seq)
+    async def submit(self, job: str, role: str, fn: str, request: Request | list, wpgs: tuple[str, ...],
+                     tenant: str, stream: str, seq: int) -> tuple[Any, list[dict]]:
+        """Queue a call of ``fn`` for deployment (job, role) on ``wpgs`` (the first executes it) as
+        call ``seq`` of the caller's ``stream``; returns (result, usage records) when it has run.
+        ``request``: the Request, or ``[ObjectRef]`` to it (a bulky one, handed to the ranks
+        unread). A failed call raises here, and its WPG is free again."""
+        call = self.core.submit(job, role, fn, wpgs, self._now(), tenant, stream=stream, seq=seq)
         done = asyncio.get_running_loop().create_future()
-        self._waiting[call.id] = (done, request)
-        self._pump()
+        self._waiting[call.id] = (done, request[0] if isinstance(request, list) else request)
+        mine = self._pump(inline=call.id)
+        if mine is not None:  # dispatched at once: run it in this coroutine (no task to schedule)
+            await self._run(mine)
         return await done
 
-    def _pump(self) -> None:
+    def _pump(self, inline: int | None = None) -> Dispatch | None:
+        """Apply the core's decisions; the dispatch of call ``inline``, if any, is returned for
+        the caller to run instead of being started as a task."""
+        mine = None
         for decision in self.core.decide(self._now()):
             if isinstance(decision, Prefetch):
                 self.prefetches += 1
                 self.groups[decision.wpg].prefetch(decision.deployment)
+            elif decision.call.id == inline:
+                mine = decision
             else:
                 task = asyncio.get_running_loop().create_task(self._run(decision))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+        return mine
 
     async def _run(self, dispatch: Dispatch) -> None:
         call = dispatch.call
         done, request = self._waiting.pop(call.id)
-        group = self.groups[call.wpgs[0]]
-        outcomes = await asyncio.gather(*[rank.run.remote(request) for rank in group.ranks], return_exceptions=True)
+        ranks = self.groups[call.wpgs[0]].ranks
+        if len(ranks) == 1:
+            try:
+                outcomes = [await ranks[0].run.remote(request)]
+            except Exception as exc:  # the call failed in the rank: its caller gets the error
+                outcomes = [exc]
+        else:
+            outcomes = await asyncio.gather(*[rank.run.remote(request) for rank in ranks], return_exceptions=True)
         failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
         if failed is not None:
             self.core.complete(call.id, self._now())

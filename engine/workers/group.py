@@ -23,6 +23,9 @@ from engine.workers.layout import gather_shards
 
 NOOP = "noop"  # a call that does nothing in the rank: probes the call path (liveness, overhead)
 CREATE = "create"  # makes a deployment resident from a model folder (payload: model_dir, trainable, optimizer)
+# Calls whose payload and result are large (batches, completions): they travel through the object
+# store by reference, so the scheduler between caller and rank never copies them.
+BULKY = frozenset({"generate", "forward", "forward_backward"})
 DEVICE_RESOURCE = "device"  # per-node custom resource: one slot per accelerator (or CPU slot)
 
 
@@ -93,12 +96,15 @@ class WorkerRank:
 
     def run(self, request: Request) -> tuple[Any, dict[str, float]]:
         """Execute a call the scheduler dispatched; returns its result and its timing: ``setup_s``
-        (switching the deployment's state in) and ``exec_s`` (the rest), queue wait excluded."""
+        (switching the deployment's state in) and ``exec_s`` (the rest), queue wait excluded.
+        A bulky call's result comes back as ``[ObjectRef]`` (see ``BULKY``)."""
         started = time.perf_counter()
         self._setup_s = 0.0
         create = request.fn == CREATE
         result = self.create(request.deployment, **request.payload) if create else self.execute(request)
         total = time.perf_counter() - started
+        if request.fn in BULKY and self.rank == 0:
+            result = [ray.put(result)]  # nested, so it stays a reference on its way to the caller
         return result, {"setup_s": self._setup_s, "exec_s": max(0.0, total - self._setup_s)}
 
     def execute(self, request: Request) -> Any:
