@@ -94,6 +94,7 @@ class Client:
         self._router = router
         self._events = events
         self._on_usage = self._log_usage if events is not None else None
+        self._jobs: list[str] = []  # jobs this client created models for
 
     def _log_usage(self, records: list[dict[str, Any]]) -> None:
         for record in records:
@@ -111,6 +112,8 @@ class Client:
         if role not in ROLES:
             raise SpecError("role", f"unknown role {role!r}; known: {', '.join(ROLES)}")
         model_dir = resolve_model(base)
+        if job not in self._jobs:
+            self._jobs.append(job)
         self._router.create(job, role, model_dir, trainable=trainable, optimizer=optimizer_config,
                             on_usage=self._on_usage)
         return ModelHandle(self._router, job, role, model_dir, self._on_usage)
@@ -122,9 +125,13 @@ class Client:
         return _load_tokenizer(str(resolve_model(handle_or_base)))
 
     def log_metrics(self, step: int, values: dict[str, Any]) -> None:
-        """Append a step's metrics to the job's event log (durably: a step boundary)."""
+        """Append a step's metrics to the job's event log (durably: a step boundary). The next
+        step starts here, which the scheduler hears too (it aligns the job's steps)."""
         if self._events is not None:
             self._events.append("metrics", {"step": step, **values}, durable=True)
+        if self._router is not None:
+            for job in self._jobs:
+                self._router.mark_step(job)
 
     def log_timings(self, step: int, values: dict[str, float]) -> None:
         """Wall-clock seconds by phase; kept apart from metrics, which must not depend on timing."""

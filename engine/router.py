@@ -103,6 +103,11 @@ class Router:
             wpgs = (group.name, placed.trainer)
         return self._submit(Request(job=job, role=role, fn=fn, payload=payload), wpgs, on_usage)
 
+    def mark_step(self, job: str) -> None:
+        """Tell the scheduler that ``job``'s next step starts after the calls made so far (it
+        profiles the job's steps, then keeps them on their phase). Does not wait."""
+        self.scheduler.step.remote(job, self._stream, next(self._seq[job]))
+
     def _submit(self, request: Request, wpgs: tuple[str, ...], on_usage: UsageSink | None) -> Future:
         seq = next(self._seq[request.job])
         body = [ray.put(request)] if request.fn in BULKY else request  # nested: passed on unread

@@ -25,6 +25,9 @@ Rules (DESIGN section 4):
 - Paused jobs' calls stay queued and are never dispatched or dropped; they run when resumed.
 - After each dispatch, the WPG's next likely call (its best remaining eligible call) is announced
   with a ``Prefetch`` when that job's state is not resident, so the swap overlaps the running call.
+- Step boundaries arrive as ``STEP`` marks in a job's stream. A new job is profiled for its first
+  steps, then micro-shifted onto the WPGs' cyclic horizon; each later step may be held back by a
+  small start delay to keep it on its phase (``engine.scheduler.alignment``).
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from engine.metering import UsageRecord
+from engine.scheduler.alignment import Aligner
 
 Deployment = tuple[str, str]  # (job, role)
 
 EXEC_FLOOR_S = 1e-3  # estimates below this would make ratios explode; no call is that cheap to run
+STEP = "step"  # a mark in a job's stream: its next step starts here (no WPG; never dispatched)
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,9 @@ class Policy:
     default_exec_s: float = 0.5  # estimate for a function nobody has run yet
     default_setup_s: float = 0.05  # switch-cost estimate before one was measured for the job
     ema_alpha: float = 0.3  # weight of the newest measurement in the online exec estimate
+    profile_steps: int = 2  # whole steps a new job runs as it comes before it is micro-shifted
+    max_start_delay_s: float = 1.0  # the most a step is held back to keep its job on its phase
+    offset_steps: int = 20  # phase offsets micro-shift tries per period
 
 
 @dataclass(frozen=True)
@@ -152,19 +160,24 @@ class Scheduler:
         self._next_seq: dict[tuple[str, str], int] = {}
         self._pending: dict[tuple[str, str], dict[int, int]] = {}  # stream -> {seq: call id}
         self._next_id = 1
+        self.aligner = Aligner(profile_steps=self.policy.profile_steps, max_delay_s=self.policy.max_start_delay_s,
+                               offset_steps=self.policy.offset_steps)
+        self.not_before: dict[str, float] = {}  # job -> when its held-back step may start
 
     # -- inputs ---------------------------------------------------------------------------------
-    def add_wpg(self, name: str, *, devices: float = 1.0, capacity: int = 0) -> None:
+    def add_wpg(self, name: str, *, devices: float = 1.0, capacity: int = 0, kind: str = "both") -> None:
+        """``kind``: which phases the WPG runs ("rollout", "train" or "both"), for alignment."""
         if name not in self.wpgs:
             self.wpgs[name] = Wpg(name, devices, capacity)
+            self.aligner.add_wpg(kind)
 
     def submit(self, job: str, role: str, fn: str, wpgs: tuple[str, ...] | list[str], now: float,
                tenant: str = "", *, stream: str = "", seq: int | None = None) -> Call:
         """Queue a call. ``seq``: its number in the caller's ``stream`` of this job's calls
         (0, 1, 2, ...); omitted, calls of the stream are numbered in arrival order."""
         wpgs = tuple(wpgs)
-        if not wpgs or len(set(wpgs)) != len(wpgs):
-            raise ValueError(f"a call needs one or more distinct WPGs, got {wpgs!r}")
+        if (not wpgs and fn != STEP) or (wpgs and fn == STEP) or len(set(wpgs)) != len(wpgs):
+            raise ValueError(f"a call needs one or more distinct WPGs (a {STEP} mark none), got {wpgs!r}")
         unknown = [w for w in wpgs if w not in self.wpgs]
         if unknown:
             raise KeyError(f"unknown WPG(s) {unknown}")
@@ -197,6 +210,7 @@ class Scheduler:
             del self._pending[call.stream]
         if exec_s is not None:
             self.estimates.observe(call.job, call.fn, exec_s)
+        self.aligner.record(call.job, call.fn, dispatch.at, now)
         records = []
         for name in call.wpgs:
             wpg = self.wpgs[name]
@@ -225,15 +239,39 @@ class Scheduler:
         self.wpgs[wpg].resident.pop(tuple(deployment), None)
 
     # -- what the policy sees -------------------------------------------------------------------
-    def eligible(self) -> list[Call]:
+    def eligible(self, now: float | None = None) -> list[Call]:
         """Calls that may start now: the next call of their stream (every earlier one completed),
-        not running, of a job that is not paused."""
+        not running, of a job that is not paused (nor, given ``now``, held back by a start delay)."""
         out = []
         for key, pending in self._pending.items():
             head = pending.get(self._next_seq[key])
-            if head is not None and head in self.queue and key[0] not in self.paused:
-                out.append(self.queue[head])
+            if head is None or head not in self.queue or key[0] in self.paused:
+                continue
+            if now is not None and self.not_before.get(key[0], now) > now:
+                continue
+            out.append(self.queue[head])
         return out
+
+    def _take_marks(self, now: float) -> None:
+        """Consume the step marks at the head of their streams: each starts the job's next step."""
+        while marks := [c for c in self.eligible() if c.fn == STEP]:
+            for call in marks:
+                del self.queue[call.id]
+                pending = self._pending[call.stream]
+                del pending[call.seq]
+                self._next_seq[call.stream] = call.seq + 1
+                if not pending:
+                    del self._pending[call.stream]
+                delay = self.aligner.boundary(call.job, now)
+                if delay > 0:
+                    self.not_before[call.job] = now + delay
+                else:
+                    self.not_before.pop(call.job, None)
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When a held-back job's next call may start (None: nothing is held back)."""
+        held = [t for t in self.not_before.values() if t > now]
+        return min(held) if held else None
 
     def setup_estimate(self, call: Call) -> tuple[float, tuple[str, ...]]:
         """Estimated switch seconds of ``call`` and the WPGs where its state is not resident."""
@@ -261,7 +299,8 @@ class Scheduler:
         just got work, for its next likely call."""
         decisions: list[Dispatch | Prefetch] = []
         held: set[str] = set()  # WPGs kept free for an overdue call that waits for others
-        ordered = self._order(self.eligible(), now)
+        self._take_marks(now)
+        ordered = self._order(self.eligible(now), now)
         started: list[str] = []
         for call in ordered:
             free = all(self.wpgs[w].running is None and w not in held for w in call.wpgs)
@@ -294,6 +333,8 @@ class Scheduler:
         for key in [k for k in self._next_seq if k[0] == job]:
             del self._next_seq[key]
         self.estimates.forget(job)
+        self.aligner.forget(job)
+        self.not_before.pop(job, None)
         self.paused.discard(job)
         for key in [k for k in self.switch_costs if k[0][0] == job]:
             del self.switch_costs[key]

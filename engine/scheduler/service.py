@@ -21,7 +21,8 @@ from typing import Any
 import ray
 
 from engine.api import Request
-from engine.scheduler.core import Dispatch, Policy, Prefetch, Scheduler
+from engine.scheduler.core import STEP, Dispatch, Policy, Prefetch, Scheduler
+from engine.scheduler.placement import ROLLOUT_FUNCTIONS
 
 SCHEDULER_NAME = "plexrl-scheduler"
 
@@ -33,6 +34,7 @@ class SchedulerService:
         self.groups: dict[str, Any] = {}  # name -> WorkerGroup
         self._waiting: dict[int, tuple[asyncio.Future, Request | ray.ObjectRef]] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._timer: asyncio.TimerHandle | None = None
         self._origin = time.monotonic()
         self.switches = 0
         self.switch_seconds = 0.0
@@ -45,7 +47,9 @@ class SchedulerService:
         """Register worker groups (idempotent by name; a restarted group replaces the old handle)."""
         for g in groups:
             self.groups[g.name] = g
-            self.core.add_wpg(g.name, devices=g.devices, capacity=g.max_resident)
+            rollout = g.serves & ROLLOUT_FUNCTIONS
+            kind = "rollout" if g.serves <= ROLLOUT_FUNCTIONS else "both" if rollout else "train"
+            self.core.add_wpg(g.name, devices=g.devices, capacity=g.max_resident, kind=kind)
 
     async def submit(self, job: str, role: str, fn: str, request: Request | list, wpgs: tuple[str, ...],
                      tenant: str, stream: str, seq: int) -> tuple[Any, list[dict]]:
@@ -61,11 +65,23 @@ class SchedulerService:
             await self._run(mine)
         return await done
 
+    def step(self, job: str, stream: str, seq: int) -> None:
+        """A step of ``job`` starts after the caller's earlier calls (call ``seq`` of ``stream``)."""
+        self.core.submit(job, "", STEP, (), self._now(), stream=stream, seq=seq)
+        self._pump()
+
     def _pump(self, inline: int | None = None) -> Dispatch | None:
         """Apply the core's decisions; the dispatch of call ``inline``, if any, is returned for
         the caller to run instead of being started as a task."""
         mine = None
-        for decision in self.core.decide(self._now()):
+        now = self._now()
+        decisions = self.core.decide(now)
+        wake = self.core.next_wakeup(now)
+        if wake is not None:  # a step held back for alignment: decide again when it may start
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = asyncio.get_running_loop().call_later(wake - now, self._pump)
+        for decision in decisions:
             if isinstance(decision, Prefetch):
                 self.prefetches += 1
                 self.groups[decision.wpg].prefetch(decision.deployment)
