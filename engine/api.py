@@ -29,10 +29,17 @@ class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
     max_tokens: int = 16
     seed: int = 0  # seeds this call's sampling; same seed and inputs, same samples
+    # Tokens that end a sample like EOS does (and are kept as its last token), e.g. the close of a
+    # tool call, so the environment can act before generation goes on.
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.n < 1:
             raise ValueError("n must be >= 1")
+        stops = tuple(self.stop_token_ids)
+        if not all(type(t) is int and t >= 0 for t in stops):
+            raise ValueError("stop_token_ids must be token ids (non-negative ints)")
+        object.__setattr__(self, "stop_token_ids", stops)  # a list would make the params unhashable
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
         if self.max_tokens < 1:

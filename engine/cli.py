@@ -37,12 +37,21 @@ def _writable_dir(path: Path, field: str) -> Path:
 
 
 # -- plexrl train -----------------------------------------------------------------------------
+# The calculator's flags (task arith-tools): flag -> (ToolConfig field, type, help); errors name the flag.
+TOOL_FLAGS = {
+    "--tool-latency-median": ("latency_median_s", float,
+                              "median seconds a calculator call takes (default 1; 0: no stall)"),
+    "--tool-latency-p99": ("latency_p99_s", float, "99th-percentile seconds of a call (default 5)"),
+    "--max-tool-calls": ("max_calls", int, "calculator calls an answer may make (default 2)"),
+}
+
+
 def add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one RLVR job on a local engine")
     p.add_argument("--task", default="arith")
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default="tiny-arith", help="preset name or Hugging Face model folder")
+    p.add_argument("--model", help="preset name or Hugging Face model folder (default: the task's preset)")
     p.add_argument("--out", type=Path, help="output folder (default: a new one under PLEXRL_HOME/runs)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--rollout", help="rollout backend: torch or vllm (default: vllm when installed)")
@@ -61,7 +70,21 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dual-clip", type=float, help="cap negative-advantage token losses at C*|A| (C > 1)")
     p.add_argument("--eval-every", type=int)
     p.add_argument("--eval-size", type=int)
+    for flag, (_, kind, help_text) in TOOL_FLAGS.items():
+        p.add_argument(flag, type=kind, help=help_text)
     p.set_defaults(func=cmd_train)
+
+
+def _tool_config(args: argparse.Namespace):
+    """The calculator's settings from the flags given (ToolConfig's defaults for the others)."""
+    from engine.rl.tools import ToolConfig
+
+    values = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in TOOL_FLAGS.items()}
+    try:
+        return ToolConfig(**{k: v for k, v in values.items() if v is not None})
+    except SpecError as exc:
+        flag = next(f for f, (field, _, _) in TOOL_FLAGS.items() if field == exc.field)
+        raise CliError(f"{flag}: {exc.message}") from None
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -77,7 +100,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides["shuffle_rewards"] = True
     backends = {k: getattr(args, k) for k in ("rollout", "trainer") if getattr(args, k) is not None}
     spec = JobSpec(task=args.task, model=args.model, steps=args.steps, seed=args.seed, tp=args.tp, **backends,
-                   grpo=GRPOConfig(**{**dataclasses.asdict(GRPOConfig()), **overrides}))
+                   grpo=GRPOConfig(**{**dataclasses.asdict(GRPOConfig()), **overrides}), tools=_tool_config(args))
     out = args.out or default_run_dir(f"{spec.task}-s{spec.seed}")
     created = not out.exists()
     _writable_dir(out, "--out")  # before the model may be built, so bad input fails fast

@@ -10,6 +10,7 @@ from typing import Any
 from engine.errors import SpecError
 from engine.rl.grpo import GRPOConfig
 from engine.rl.tasks import TASKS
+from engine.rl.tools import ToolConfig
 
 ALGORITHMS = ("grpo",)
 
@@ -47,7 +48,7 @@ def _check_backend(field_name: str, kind: object, known: dict) -> None:
 @dataclass(frozen=True)
 class JobSpec:
     task: str = "arith"
-    model: str = "tiny-arith"  # preset name or local Hugging Face model folder
+    model: str | None = None  # preset name or local Hugging Face model folder; None: the task's default preset
     steps: int = 150
     seed: int = 0
     algorithm: str = "grpo"
@@ -55,10 +56,14 @@ class JobSpec:
     rollout: str = field(default_factory=default_rollout)  # backend of the rollout WPG
     trainer: str = field(default_factory=default_trainer)  # backend of the training WPG
     tp: int = 1  # tensor-parallel ranks of the training WPG
+    tools: ToolConfig = field(default_factory=ToolConfig)  # the calculator of a tool-using task
 
     def __post_init__(self):
         if self.task not in TASKS:
             raise SpecError("task", f"unknown task {self.task!r}; known: {', '.join(sorted(TASKS))}")
+        task = TASKS[self.task]
+        if self.model is None:
+            object.__setattr__(self, "model", task.default_model)
         if not isinstance(self.steps, int) or self.steps < 1:
             raise SpecError("steps", f"must be a positive integer, got {self.steps!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -67,6 +72,7 @@ class JobSpec:
             raise SpecError("algorithm", f"unknown algorithm {self.algorithm!r}; known: {', '.join(ALGORITHMS)}")
         if not self.model or not isinstance(self.model, str):
             raise SpecError("model", "is required")
+        self._check_tools(task)
         if not isinstance(self.grpo, GRPOConfig):
             raise SpecError("grpo", f"must be a GRPO config, got {type(self.grpo).__name__}")
         _check_backend("rollout", self.rollout, ROLLOUT_BACKENDS)
@@ -75,6 +81,18 @@ class JobSpec:
             raise SpecError("tp", f"must be an integer from 1 to {MAX_TP}, got {self.tp!r}")
         if self.tp > 1 and self.trainer != "megatron":
             raise SpecError("tp", f"tensor parallelism needs the megatron trainer, not {self.trainer!r}")
+
+    def _check_tools(self, task) -> None:
+        from engine.models import PRESETS
+
+        if not isinstance(self.tools, ToolConfig):
+            raise SpecError("tools", f"must be a tool config, got {type(self.tools).__name__}")
+        if not task.uses_tools and self.tools != ToolConfig():
+            raise SpecError("tools", f"task {self.task!r} calls no tool; tool settings need a task like arith-tools")
+        preset = PRESETS.get(self.model)
+        if task.uses_tools and preset is not None and not preset.tool_fraction:
+            raise SpecError("model", f"preset {self.model!r} was never taught the calculator that task "
+                                     f"{self.task!r} needs; use {task.default_model!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -86,14 +104,19 @@ class JobSpec:
         unknown = sorted(set(data) - known)
         if unknown:
             raise SpecError(unknown[0], "unknown field")
-        grpo = data.pop("grpo", None) or {}
-        if isinstance(grpo, dict):
-            fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-            bad = sorted(set(grpo) - fields)
-            if bad:
-                raise SpecError(f"grpo.{bad[0]}", "unknown field")
-            try:
-                grpo = GRPOConfig(**grpo)
-            except SpecError as exc:  # name the field as the caller spelled it: grpo.lr, not lr
-                raise SpecError(f"grpo.{exc.field}", exc.message) from None
-        return cls(grpo=grpo, **data)
+        nested = {name: _nested(name, kind, data.pop(name, None) or {})
+                  for name, kind in (("grpo", GRPOConfig), ("tools", ToolConfig))}
+        return cls(**nested, **data)
+
+
+def _nested(name: str, kind: type, value: Any) -> Any:
+    """A nested config from its dict, errors naming the field as the caller spelled it (grpo.lr)."""
+    if not isinstance(value, dict):
+        return value  # JobSpec says what is wrong with it
+    bad = sorted(set(value) - {f.name for f in dataclasses.fields(kind)})
+    if bad:
+        raise SpecError(f"{name}.{bad[0]}", "unknown field")
+    try:
+        return kind(**value)
+    except SpecError as exc:
+        raise SpecError(f"{name}.{exc.field}", exc.message) from None

@@ -7,9 +7,9 @@ from pathlib import Path
 from engine.errors import ModelNotFound
 from engine.paths import models_dir
 
-from .tiny import TINY_ARITH, build_preset
+from .tiny import TINY_ARITH, TINY_ARITH_TOOLS, build_preset
 
-PRESETS = {TINY_ARITH.name: TINY_ARITH}
+PRESETS = {p.name: p for p in (TINY_ARITH, TINY_ARITH_TOOLS)}
 
 
 def preset_dir(name: str) -> Path:

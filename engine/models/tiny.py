@@ -5,6 +5,11 @@ The supervised phase runs a full warm-up + cosine schedule that ends at learning
 base is converged for its budget: a checkpoint cut off at a high learning rate would "improve"
 under any small update and make RL look better than it is. The budget is small on purpose, so the
 base is weak (held-out greedy accuracy well below what RL reaches) but answers in the right form.
+
+``tiny-arith-tools`` is the same model taught the calculator of the ``arith-tools`` task: a share
+of its supervised examples are tool traces, ``37+45-12=[37+45-12]70<eos>``, where the loss covers
+what the model writes (the call and the EOS) and not the result the environment inserts, exactly
+as RL trains it; the rest answer directly.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from engine.api import SamplingParams
 from engine.rl.rewards import score_answers
-from engine.rl.tasks import Problem, eval_problems, sample_problems
-from engine.workers.sampling import sample
+from engine.rl.tasks import ArithToolsTask, Problem, eval_problems, sample_problems
+from engine.workers.sampling import generate
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 BUILD_INFO = "plexrl_build.json"
@@ -45,13 +51,18 @@ class TinyPreset:
     seed: int = 0
     eval_size: int = 500
     threads: int = 2
+    # Share of supervised examples that call the calculator ([expression] then its result); 0: none,
+    # and the tokenizer has no tool tokens. Half: the base calls it for some problems, not others.
+    tool_fraction: float = 0.0
 
 
 TINY_ARITH = TinyPreset(name="tiny-arith")
+TINY_ARITH_TOOLS = TinyPreset(name="tiny-arith-tools", sft_steps=600, tool_fraction=0.35)
 
 
-def train_tokenizer(problems: list[Problem]):
-    """A character-level word-level tokenizer trained on the task's text, as a fast HF tokenizer."""
+def train_tokenizer(problems: list[Problem], extra: str = ""):
+    """A character-level word-level tokenizer trained on the task's text (and the characters of
+    ``extra``), as a fast HF tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -59,10 +70,17 @@ def train_tokenizer(problems: list[Problem]):
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     trainer = trainers.WordLevelTrainer(special_tokens=[PAD, EOS, UNK], min_frequency=1)
-    tok.train_from_iterator((p.prompt + p.answer for p in problems), trainer=trainer)
+    texts = [p.prompt + p.answer for p in problems] + ([extra] if extra else [])
+    tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left"
     )
+
+
+def _tool_characters() -> str:
+    from engine.rl.tools import CALL_CLOSE, CALL_OPEN, ERROR_MARKER
+
+    return CALL_OPEN + CALL_CLOSE + ERROR_MARKER
 
 
 def make_model(preset: TinyPreset, vocab_size: int, tokenizer):
@@ -102,33 +120,54 @@ def lr_at(step: int, total: int, peak: float, warmup_frac: float, decay_frac: fl
     return peak * (total - 1 - step) / (decay - 1)
 
 
-def _sft_batch(tokenizer, problems: list[Problem]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    seqs, starts = [], []
-    for p in problems:
-        prompt = tokenizer.encode(p.prompt)
-        seqs.append(prompt + tokenizer.encode(p.answer) + [eos])
-        starts.append(len(prompt))
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-    attn = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (s, k) in enumerate(zip(seqs, starts, strict=True)):
+def _sft_example(tokenizer, p: Problem, tool: bool) -> tuple[list[int], list[bool]]:
+    """A problem's tokens and which of them are learned: the answer and EOS, or with ``tool`` the
+    call ``[expression]`` and EOS (the result after it is the environment's, only context)."""
+    from engine.rl.tools import CALL_CLOSE, CALL_OPEN
+
+    prompt = tokenizer.encode(p.prompt)
+    if not tool:
+        answer = [*tokenizer.encode(p.answer), tokenizer.eos_token_id]
+        return prompt + answer, [False] * len(prompt) + [True] * len(answer)
+    call = tokenizer.encode(CALL_OPEN + p.prompt.removesuffix("=") + CALL_CLOSE)
+    result = tokenizer.encode(p.answer)
+    return (prompt + call + result + [tokenizer.eos_token_id],
+            [False] * len(prompt) + [True] * len(call) + [False] * len(result) + [True])
+
+
+def _sft_batch(tokenizer, problems: list[Problem], tools: list[bool] | None = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    examples = [_sft_example(tokenizer, p, bool(tools and tools[i])) for i, p in enumerate(problems)]
+    width = max(len(s) for s, _ in examples)
+    ids = torch.full((len(examples), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    attn = torch.zeros((len(examples), width), dtype=torch.long)
+    for i, (s, learned) in enumerate(examples):
         ids[i, : len(s)] = torch.as_tensor(s)
         attn[i, : len(s)] = 1
-        labels[i, k : len(s)] = torch.as_tensor(s[k:])  # loss on the answer and EOS only
+        labels[i, : len(s)] = torch.where(torch.as_tensor(learned), torch.as_tensor(s), -100)
     return ids, attn, labels
 
 
-def greedy_eval(model, tokenizer, problems: list[Problem], max_tokens: int = 8) -> dict[str, float]:
+def greedy_eval(model, tokenizer, problems: list[Problem], max_tokens: int = 8, *,
+                tools: bool = False) -> dict[str, float]:
+    """Held-out greedy accuracy and well-formed share; with ``tools``, answers may call the
+    calculator (without its latency) and the calls per answer are reported too."""
+    from engine.rl.tools import ToolConfig, ToolProtocol, rollout
+
     model.eval()
     prompts = [tokenizer.encode(p.prompt) for p in problems]
-    ids, _ = sample(
-        model, prompts, max_tokens=max_tokens, temperature=0.0,
-        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, generator=None,
-    )
-    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    return score_answers(texts, [p.answer for p in problems])
+    protocol = ToolProtocol.for_tokenizer(tokenizer) if tools else None
+    if tools:
+        max_tokens = max(max_tokens, ArithToolsTask.min_turn_tokens)
+    out = rollout(lambda ctx, sampling: generate(model, tokenizer, ctx, sampling), prompts,
+                  SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens), protocol=protocol,
+                  config=ToolConfig(latency_median_s=0.0))
+    metrics = score_answers([t.answer for t in out.trajectories], [p.answer for p in problems],
+                            ArithToolsTask.reward if tools else None)
+    if tools:
+        metrics["tool_calls"] = sum(len(t.calls) for t in out.trajectories) / len(problems)
+    return metrics
 
 
 def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False) -> dict:
@@ -139,7 +178,10 @@ def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False) -> di
     started = time.perf_counter()
     rng = np.random.default_rng(preset.seed)
     corpus = sample_problems(rng, 5000) + eval_problems(50)
-    tokenizer = train_tokenizer(corpus)
+    tools = preset.tool_fraction > 0
+    tokenizer = train_tokenizer(corpus, extra=_tool_characters() if tools else "")
+    # a stream of its own, so a preset without tools draws exactly the problems it always drew
+    tool_rng = np.random.default_rng([preset.seed, 1])
     vocab = ((len(tokenizer) + 7) // 8) * 8
     model = make_model(preset, vocab, tokenizer)
     opt = torch.optim.AdamW(model.parameters(), lr=preset.sft_lr, betas=(0.9, 0.98),
@@ -150,7 +192,8 @@ def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False) -> di
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, preset.sft_steps, preset.sft_lr, preset.sft_warmup, preset.sft_decay)
-        ids, attn, labels = _sft_batch(tokenizer, sample_problems(rng, preset.sft_batch))
+        use_tool = (tool_rng.random(preset.sft_batch) < preset.tool_fraction).tolist() if tools else None
+        ids, attn, labels = _sft_batch(tokenizer, sample_problems(rng, preset.sft_batch), use_tool)
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -158,13 +201,14 @@ def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False) -> di
         opt.step()
         loss_value = loss.item()
         bar.set_postfix(loss=f"{loss_value:.3f}")
-    metrics = greedy_eval(model, tokenizer, eval_problems(preset.eval_size))
+    metrics = greedy_eval(model, tokenizer, eval_problems(preset.eval_size), tools=tools)
     info = {
         "preset": asdict(preset),
         "final_sft_loss": loss_value,
         "final_lr": lr_at(preset.sft_steps - 1, preset.sft_steps, preset.sft_lr, preset.sft_warmup, preset.sft_decay),
         "held_out_accuracy": metrics["accuracy"],
         "held_out_well_formed": metrics["well_formed"],
+        **({"held_out_tool_calls": metrics["tool_calls"]} if tools else {}),
         "build_seconds": time.perf_counter() - started,
     }
     tmp = out.with_name(out.name + ".building")

@@ -6,6 +6,11 @@ old-policy (and, with ``kl_coef > 0``, reference) log-probs, then ``updates_per_
 minibatch updates, then sync the trainer's weights to the sampler. Groups whose rewards are all
 equal carry no advantage and are left out of the update (with ``kl_coef == 0`` their gradient is
 exactly zero anyway).
+
+A task with a tool (``arith-tools``) samples each answer in turns (engine/rl/tools.py): every turn
+is its own batch row, ``(context before the turn, tokens the model wrote in it)``, carrying the
+answer's advantage and the log-probs its generate call returned, so tool results the environment
+inserted are context and never trained on, and the loss code needs no change.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 from engine.client import Batch, Client, OptimizerConfig, SamplingParams, SpecError
 from engine.rl.rewards import math_reward, score_answers
 from engine.rl.tasks import get_task
+from engine.rl.tools import Rollout, ToolConfig, ToolProtocol, rollout, training_rows
 
 ADV_EPS = 1e-6
 LR_SCHEDULES = ("cosine", "constant")
@@ -38,7 +44,7 @@ class GRPOConfig:
     dual_clip: float = 0.0  # > 1: cap negative-advantage token losses at dual_clip * |A| (0: off)
     kl_coef: float = 0.0  # > 0 adds a frozen reference model and a k3 KL penalty
     temperature: float = 1.0
-    max_tokens: int = 8
+    max_tokens: int = 8  # per generate call: with a tool, per turn, and never below the task's min_turn_tokens
     eval_every: int = 10
     eval_size: int = 500
     shuffle_rewards: bool = False  # negative control: permute rewards within each step
@@ -87,20 +93,37 @@ def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
 
 
 def rollout_logprobs(completions) -> torch.Tensor:
-    """The completions' sampled-token log-probs, laid out as ``forward`` returns log-probs:
-    ``[B, T]`` with T the longest completion, right-padded with zeros."""
-    width = max(len(c.token_ids) for c in completions)
+    """The completions' (or turns') sampled-token log-probs, laid out as ``forward`` returns
+    log-probs: ``[B, T]`` with T the longest completion, right-padded with zeros."""
+    width = max(len(c.logprobs) for c in completions)
     out = torch.zeros((len(completions), width), dtype=torch.float32)
     for i, c in enumerate(completions):
         out[i, : len(c.logprobs)] = torch.as_tensor(c.logprobs, dtype=torch.float32)
     return out
 
 
-def evaluate(client: Client, policy, problems, tokenizer, max_tokens: int) -> dict[str, float]:
-    """Held-out greedy accuracy and the fraction of answers that are one well-formed number."""
+def _generator(policy):
+    return lambda prompts, sampling: policy.generate(prompts, sampling).result()
+
+
+def evaluate(client: Client, policy, problems, tokenizer, max_tokens: int, *, protocol: ToolProtocol | None = None,
+             tools: ToolConfig | None = None, latency_key=(0,), reward=None) -> tuple[dict[str, float], float]:
+    """Held-out greedy accuracy, the fraction of answers that are one well-formed number and, with a
+    tool, the calls per answer; and the seconds the evaluation waited on the tool."""
     prompts = [tokenizer.encode(p.prompt) for p in problems]
-    out = policy.generate(prompts, SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)).result()
-    return score_answers([c.text for c in out], [p.answer for p in problems])
+    out = rollout(_generator(policy), prompts, SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens),
+                  protocol=protocol, config=tools, latency_key=latency_key)
+    metrics = score_answers([t.answer for t in out.trajectories], [p.answer for p in problems], reward)
+    if protocol is not None:
+        metrics["tool_calls"] = _tool_stats(out)["tool_calls"]
+    return metrics, out.stall_s
+
+
+def _tool_stats(out: Rollout) -> dict[str, float]:
+    """Calls per answer and failed calls (the calculator refused the expression) per answer."""
+    calls = [c for t in out.trajectories for c in t.calls]
+    n = len(out.trajectories)
+    return {"tool_calls": len(calls) / n, "tool_errors": sum(not c.ok for c in calls) / n}
 
 
 def _step_seed(seed: int, step: int) -> int:
@@ -109,21 +132,36 @@ def _step_seed(seed: int, step: int) -> int:
 
 def train(
     client: Client, *, job: str, model: str, task: str, steps: int, seed: int, config: GRPOConfig,
-    on_step=None,
+    tools: ToolConfig | None = None, on_step=None,
 ) -> dict[str, Any]:
-    """Run ``steps`` GRPO steps; metrics go to the job's event log. Returns the summary."""
+    """Run ``steps`` GRPO steps; metrics go to the job's event log. Returns the summary.
+
+    ``tools`` configures the calculator of a tool-using task (ignored by other tasks)."""
     task_impl = get_task(task)
+    tools = tools or ToolConfig()
     U = config.updates_per_step
     optimizer = OptimizerConfig(lr=config.lr, warmup_steps=config.warmup_steps * U,
                                 decay_steps=steps * U if config.lr_schedule == "cosine" else 0)
     policy = client.create_model(job, "policy", model, trainable=True, optimizer_config=optimizer)
     reference = client.create_model(job, "reference", model) if config.kl_coef > 0 else None
     tokenizer = client.tokenizer(policy)
+    protocol = None
+    if task_impl.uses_tools:
+        try:
+            protocol = ToolProtocol.for_tokenizer(tokenizer)
+        except ValueError as exc:
+            raise SpecError("model", f"task {task!r}: {exc}") from None
+    max_tokens = max(config.max_tokens, task_impl.min_turn_tokens)
+    reward = task_impl.reward or math_reward
     eval_set = task_impl.eval_set(config.eval_size)
     G = config.samples_per_prompt
     loss_config = {"clip_eps": config.clip_eps, "kl_coef": config.kl_coef, "dual_clip": config.dual_clip}
 
-    initial = evaluate(client, policy, eval_set, tokenizer, config.max_tokens)
+    def run_eval(step: int) -> tuple[dict[str, float], float]:
+        return evaluate(client, policy, eval_set, tokenizer, max_tokens, protocol=protocol, tools=tools,
+                        latency_key=(seed, step, 1), reward=reward)
+
+    initial, _ = run_eval(0)
     client.log(f"initial held-out accuracy {initial['accuracy']:.3f}")
     evals: list[float] = []
     for step in range(1, steps + 1):
@@ -131,12 +169,15 @@ def train(
         rng = np.random.default_rng([seed, step, 1])
         problems = task_impl.train_batch(seed, step, config.prompts_per_step)
         prompts = [tokenizer.encode(p.prompt) for p in problems]
-        sampling = SamplingParams(n=G, temperature=config.temperature, max_tokens=config.max_tokens,
+        sampling = SamplingParams(n=G, temperature=config.temperature, max_tokens=max_tokens,
                                   seed=_step_seed(seed, step))
-        completions = policy.generate(prompts, sampling).result()
+        out = rollout(_generator(policy), prompts, sampling, protocol=protocol, config=tools,
+                      latency_key=(seed, step, 0))
+        answers = out.trajectories
+        stall = out.stall_s
         t_gen = time.perf_counter()
 
-        correct = np.array([math_reward(c.text, problems[c.prompt_index].answer) for c in completions])
+        correct = np.array([reward(a.answer, problems[a.prompt_index].answer) for a in answers])
         rewards = rng.permutation(correct) if config.shuffle_rewards else correct
         adv = group_advantages(rewards, G)
         keep_groups = np.flatnonzero(rewards.reshape(-1, G).std(axis=1) > 0)
@@ -148,27 +189,30 @@ def train(
             "reward_mean": float(rewards.mean()),
             "reward_std": float(rewards.std()),
             "train_accuracy": float(correct.mean()),
-            "response_length": float(np.mean([len(c.token_ids) for c in completions])),
+            "response_length": float(np.mean([a.tokens_written for a in answers])),  # model-written only
             "groups_used": len(keep_groups) / config.prompts_per_step,
         }
+        if protocol is not None:
+            metrics.update(_tool_stats(out))
         losses, clip_fracs, kls, kl_old, grad_norms = [], [], [], [], []
         t_logprob = t_train = t_reward
         if rows:
+            owners, turns = training_rows(out, rows)  # one row per turn of each kept answer
             batch = Batch(
-                prompts=[prompts[completions[i].prompt_index] for i in rows],
-                completions=[completions[i].token_ids for i in rows],
-                advantages=torch.as_tensor(adv[rows], dtype=torch.float32),
+                prompts=[t.context for t in turns],
+                completions=[t.tokens for t in turns],
+                advantages=torch.as_tensor(adv[owners], dtype=torch.float32),
             )
             old_f = policy.forward(batch) if config.recompute_logprobs else None
             ref_f = reference.forward(batch) if reference is not None else None
             batch = dataclasses.replace(
                 batch,
                 old_logprobs=old_f.result().logprobs if old_f is not None else
-                rollout_logprobs([completions[i] for i in rows]),
+                rollout_logprobs(turns),
                 ref_logprobs=ref_f.result().logprobs if ref_f is not None else None,
             )
             t_logprob = time.perf_counter()
-            order = rng.permutation(len(rows))
+            order = rng.permutation(len(turns))
             futures = []
             for chunk in np.array_split(order, config.updates_per_step):
                 if len(chunk):
@@ -194,17 +238,23 @@ def train(
             "grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
         })
         if step % config.eval_every == 0 or step == steps:
-            result = evaluate(client, policy, eval_set, tokenizer, config.max_tokens)
+            result, eval_stall = run_eval(step)
+            stall += eval_stall
             metrics["eval_accuracy"] = result["accuracy"]
             metrics["eval_well_formed"] = result["well_formed"]
+            if protocol is not None:
+                metrics["eval_tool_calls"] = result["tool_calls"]
             evals.append(result["accuracy"])
         t_end = time.perf_counter()
         client.log_metrics(step, metrics)
-        client.log_timings(step, {
+        timings = {
             "generate": t_gen - t_start, "reward": t_reward - t_gen, "logprobs": t_logprob - t_reward,
             "train": t_train - t_logprob, "sync": t_sync - t_train, "eval": t_end - t_sync,
             "total": t_end - t_start,
-        })
+        }
+        if protocol is not None:
+            timings["tool_stall"] = stall  # waited on the tool, in generate and eval: idle rollout time
+        client.log_timings(step, timings)
         if on_step is not None:
             on_step(step, metrics)
 
@@ -219,4 +269,5 @@ def train(
         "task": task,
         "model": model,
         "config": asdict(config),
+        **({"tools": asdict(tools)} if protocol is not None else {}),
     }

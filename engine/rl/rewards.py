@@ -36,14 +36,25 @@ def math_reward(response: str, answer: str) -> float:
     return 1.0 if verify(gold, pred, timeout_seconds=None) else 0.0
 
 
+def exact_reward(response: str, answer: str) -> float:
+    """1.0 when ``response`` is the gold answer's very text (spaces aside), else 0.0.
+
+    For tasks where math-verify's leniency is a loophole: it accepts an unevaluated expression
+    ("37+45-12" for 70) and trailing junk ("70]"), so a policy with a calculator could skip it by
+    copying the problem."""
+    return 1.0 if response.strip() == answer.strip() else 0.0
+
+
 def is_well_formed_number(response: str) -> bool:
     """A response that is one integer and nothing else (used to judge the base model's format)."""
     return _NUMBER.fullmatch(response.strip()) is not None
 
 
-def score_answers(responses: list[str], answers: list[str]) -> dict[str, float]:
-    """Accuracy and the fraction of well-formed answers over a set of (response, gold) pairs."""
+def score_answers(responses: list[str], answers: list[str], reward=None) -> dict[str, float]:
+    """Accuracy (by ``reward``, default ``math_reward``) and the fraction of well-formed answers
+    over a set of (response, gold) pairs."""
+    reward = reward or math_reward
     return {
-        "accuracy": float(sum(math_reward(r, a) for r, a in zip(responses, answers, strict=True)) / len(answers)),
+        "accuracy": float(sum(reward(r, a) for r, a in zip(responses, answers, strict=True)) / len(answers)),
         "well_formed": float(sum(is_well_formed_number(r) for r in responses) / len(responses)),
     }

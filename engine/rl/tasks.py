@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.rl.rewards import exact_reward
+
 # Every problem is "<a><op><b>[<op><c>]=" with non-negative operands; answers may be negative.
 OPERATORS = ("+", "-")
 TWO_OPERAND_MAX = 99
@@ -76,6 +78,10 @@ class ArithTask:
     """The ``arith`` task: two- and three-operand integer addition and subtraction."""
 
     name = "arith"
+    default_model = "tiny-arith"  # the preset a job of this task trains unless it names a model
+    uses_tools = False
+    min_turn_tokens = 1  # the least max_tokens one generate call needs (see ArithToolsTask)
+    reward = None  # (response, gold) -> float; None: the default verifier, rewards.math_reward
 
     def train_batch(self, seed: int, step: int, n: int) -> list[Problem]:
         rng = np.random.default_rng([seed, step])
@@ -85,7 +91,21 @@ class ArithTask:
         return eval_problems(n)
 
 
-TASKS = {"arith": ArithTask}
+class ArithToolsTask(ArithTask):
+    """``arith-tools``: the same problems and split, and a calculator the policy may call mid-answer
+    by writing ``[<expression>]`` (engine/rl/tools.py has the protocol and the scoring rule). Each
+    call stalls the rollout for the tool's latency: idle time on the rollout group."""
+
+    name = "arith-tools"
+    default_model = "tiny-arith-tools"
+    uses_tools = True
+    # A turn must hold the longest call, "[49+49-49]": fewer tokens would cut every such call short.
+    min_turn_tokens = 12
+    # Exact match: math-verify would also take the problem's own expression, a way around the tool.
+    reward = staticmethod(exact_reward)
+
+
+TASKS = {"arith": ArithTask, "arith-tools": ArithToolsTask}
 
 
 def get_task(name: str) -> ArithTask:

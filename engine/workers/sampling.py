@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from engine.api import Completion, SamplingParams
+
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
@@ -34,13 +36,16 @@ def sample(
     pad_id: int,
     generator: torch.Generator | None,
     n: int = 1,
+    stop_ids: Sequence[int] = (),
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Sample ``n`` completions per prompt (greedy when ``temperature == 0``), prompt-major.
 
     Each prompt is prefilled once and its KV cache repeated ``n`` times. Returns token ids (ending
-    in EOS unless ``max_tokens`` was reached) and each token's log-prob. The model may sit on any
-    device; tokens are drawn on the CPU (with ``generator``), so a seed means the same everywhere.
+    in EOS or one of ``stop_ids`` unless ``max_tokens`` was reached) and each token's log-prob. The
+    model may sit on any device; tokens are drawn on the CPU (with ``generator``), so a seed means
+    the same everywhere.
     """
+    stops = torch.as_tensor(sorted({eos_id, *stop_ids}), dtype=torch.long)
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
@@ -70,7 +75,7 @@ def sample(
         tokens[live, t] = tok[live]
         logps[live, t] = logp[live].gather(-1, tok[live, None]).squeeze(-1)
         lengths += live.long()
-        done = done | (tok == eos_id)
+        done = done | torch.isin(tok, stops)
         if bool(done.all()) or t == max_tokens - 1:
             break
         step_tok = torch.where(done, torch.full_like(tok, pad_id), tok).to(device)
@@ -89,6 +94,20 @@ def sample(
         [tokens[i, : lens[i]].tolist() for i in range(batch)],
         [logps[i, : lens[i]].tolist() for i in range(batch)],
     )
+
+
+def generate(model, tokenizer, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Completion]:
+    """``sample`` under the API's terms: seeded by ``sampling.seed``, texts decoded, prompt-major."""
+    ids, logps = sample(
+        model, prompts, n=sampling.n, max_tokens=sampling.max_tokens, temperature=sampling.temperature,
+        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+        generator=torch.Generator().manual_seed(sampling.seed), stop_ids=sampling.stop_token_ids,
+    )
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    return [
+        Completion(prompt_index=i // sampling.n, token_ids=t, text=s, logprobs=lp)
+        for i, (t, s, lp) in enumerate(zip(ids, texts, logps, strict=True))
+    ]
 
 
 def sequence_logprobs(

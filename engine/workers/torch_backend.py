@@ -19,7 +19,6 @@ from safetensors.torch import load_file, save_file
 
 from engine.api import (
     FUNCTIONS,
-    Completion,
     OptimizerConfig,
     SamplingParams,
 )
@@ -27,7 +26,7 @@ from engine.workers.backend import Deployment, Residency, state_id
 from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tensors
 from engine.workers.devices import worker_device
 from engine.workers.layout import WHOLE
-from engine.workers.sampling import sample, sequence_logprobs
+from engine.workers.sampling import generate, sequence_logprobs
 from engine.workers.training import TrainingBackend, free_parameters
 
 
@@ -119,17 +118,7 @@ class TorchBackend(TrainingBackend):
 
     # -- API functions -----------------------------------------------------------------------
     def _generate(self, deployment, state, *, prompts: list[list[int]], sampling: SamplingParams):
-        gen = torch.Generator().manual_seed(sampling.seed)
-        tok = state.tokenizer
-        ids, logps = sample(
-            state.rollout, prompts, n=sampling.n, max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, generator=gen,
-        )
-        texts = tok.batch_decode(ids, skip_special_tokens=True)
-        return [
-            Completion(prompt_index=i // sampling.n, token_ids=t, text=s, logprobs=lp)
-            for i, (t, s, lp) in enumerate(zip(ids, texts, logps, strict=True))
-        ]
+        return generate(state.rollout, state.tokenizer, prompts, sampling)
 
     def _logprobs(self, state, batch):
         return sequence_logprobs(state.model, batch.prompts, batch.completions, state.tokenizer.pad_token_id)

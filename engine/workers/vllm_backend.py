@@ -364,6 +364,7 @@ class VllmBackend(Backend):
                 temperature=sampling.temperature,
                 max_tokens=sampling.max_tokens,
                 seed=None if greedy else request_seed(sampling.seed, i),
+                stop_token_ids=list(sampling.stop_token_ids) or None,  # kept in token_ids, as EOS is
                 logprobs=0,  # the sampled token's log-prob only
                 detokenize=False,  # text comes from the deployment's own tokenizer, as in torch
             )

@@ -137,6 +137,19 @@ def tiny_model_dir(plexrl_home) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_tools_model_dir(plexrl_home) -> Path:
+    """The ``tiny-arith-tools`` preset, built with a 250-step supervised phase into PLEXRL_HOME/models
+    (about 20 s): it calls the calculator for some problems and answers others itself, so short
+    runs of the ``arith-tools`` task have calls, several turns and groups with mixed rewards."""
+    from engine.models.tiny import TINY_ARITH_TOOLS, build_preset
+
+    preset = dataclasses.replace(TINY_ARITH_TOOLS, sft_steps=250, eval_size=50, threads=1)
+    path = plexrl_home / "models" / TINY_ARITH_TOOLS.name
+    build_preset(preset, path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def ray_engine(plexrl_home) -> Iterator[None]:
     """Ray, started once for the session the way the engine starts it (and shut down at the end)."""
     import ray

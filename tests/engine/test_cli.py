@@ -129,6 +129,20 @@ BAD_INPUT = {
     "no-subcommand": ([], "required: command"),
     "unknown-flag": (["train", "--bogus"], "unrecognized arguments: --bogus"),
     "not-an-int": (["train", "--steps", "abc"], "argument --steps: invalid int value: 'abc'"),
+    "tool-latency-negative": (["train", "--task", "arith-tools", "--tool-latency-median", "-1"],
+                              "--tool-latency-median: must be a finite number of seconds >= 0"),
+    "tool-latency-nan": (["train", "--task", "arith-tools", "--tool-latency-p99", "nan"],
+                         "--tool-latency-p99: must be a finite number"),
+    "tool-p99-below-median": (["train", "--task", "arith-tools", "--tool-latency-p99", "0.5"],
+                              "--tool-latency-p99: must be >= the median (1.0), got 0.5"),
+    "tool-latency-not-a-float": (["train", "--task", "arith-tools", "--tool-latency-median", "slow"],
+                                 "argument --tool-latency-median: invalid float value: 'slow'"),
+    "too-many-tool-calls": (["train", "--task", "arith-tools", "--max-tool-calls", "9"],
+                            "--max-tool-calls: must be an integer from 0 to 8, got 9"),
+    "tool-flags-on-a-plain-task": (["train", "--task", "arith", "--tool-latency-median", "0"],
+                                   "tools: task 'arith' calls no tool"),
+    "tool-task-on-a-plain-preset": (["train", "--task", "arith-tools", "--model", "tiny-arith"],
+                                    "model: preset 'tiny-arith' was never taught the calculator"),
 }
 
 

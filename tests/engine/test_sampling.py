@@ -119,3 +119,21 @@ def test_n_samples_share_one_prefill_and_equal_repeated_prompts(tiny_qwen):
     assert shared[0] == repeated[0]
     for a, b in zip(shared[1], repeated[1], strict=True):
         torch.testing.assert_close(torch.tensor(a), torch.tensor(b), atol=1e-5, rtol=0)
+
+
+def test_stop_tokens_end_a_sample_and_change_nothing_before_them(tiny_qwen):
+    """A stop token ends a sample as EOS does (kept as its last token); what came before, and every
+    other sample, is what sampling without it draws with the same seed."""
+    free_tokens, free_logps = _sample(tiny_qwen, PROMPTS * 4, seed=3)
+    counts = torch.bincount(torch.tensor([t for s in free_tokens for t in s[:-1]]), minlength=32)
+    counts[EOS] = 0
+    stop = int(counts.argmax())  # the token most often sampled mid-answer
+    tokens, logps = sample(tiny_qwen, PROMPTS * 4, max_tokens=8, temperature=1.0, eos_id=EOS, pad_id=PAD,
+                           generator=torch.Generator().manual_seed(3), stop_ids=[stop])
+    cut = 0
+    for free, free_lp, got, got_lp in zip(free_tokens, free_logps, tokens, logps, strict=True):
+        end = free.index(stop) + 1 if stop in free else len(free)
+        cut += end < len(free)
+        assert got == free[:end]
+        torch.testing.assert_close(torch.tensor(got_lp), torch.tensor(free_lp[:end]), atol=1e-6, rtol=0)
+    assert cut > 0, "the stop token should cut some samples short"

@@ -6,6 +6,7 @@ import pytest
 
 from engine.errors import EngineError, SpecError
 from engine.rl.grpo import GRPOConfig
+from engine.rl.tools import ToolConfig
 from engine.spec import JobSpec
 
 
@@ -67,6 +68,9 @@ def test_spec_error_is_a_value_error_with_field_and_message():
         ({"tp": 2.0}, "tp", "integer from 1 to 8"),
         ({"tp": True}, "tp", "integer from 1 to 8"),
         ({"tp": 2, "trainer": "torch"}, "tp", "needs the megatron trainer, not 'torch'"),
+        ({"task": "arith-tools", "model": "tiny-arith"}, "model", "never taught the calculator"),
+        ({"tools": ToolConfig(latency_median_s=0.0)}, "tools", "task 'arith' calls no tool"),
+        ({"task": "arith-tools", "tools": "fast"}, "tools", "must be a tool config"),
     ],
 )
 def test_bad_top_level_fields(kwargs, field, match):
@@ -76,6 +80,31 @@ def test_bad_top_level_fields(kwargs, field, match):
     # and the same through from_dict, the platform's way in
     with pytest.raises(SpecError) as info:
         JobSpec.from_dict(kwargs)
+    assert info.value.field == field
+
+
+def test_each_task_has_its_default_model():
+    assert JobSpec().model == "tiny-arith"
+    tools = JobSpec(task="arith-tools")
+    assert (tools.model, tools.tools) == ("tiny-arith-tools", ToolConfig())
+    assert JobSpec.from_dict({"task": "arith-tools", "model": None}) == tools
+    assert JobSpec(task="arith-tools", model="/some/dir").model == "/some/dir"  # a folder is checked at start
+    custom = JobSpec(task="arith-tools", tools=ToolConfig(latency_median_s=0.5, latency_p99_s=2, max_calls=1))
+    assert JobSpec.from_dict(custom.to_dict()) == custom
+
+
+@pytest.mark.parametrize(
+    ("tools", "field"),
+    [
+        ({"latency_median_s": -1.0}, "tools.latency_median_s"),
+        ({"latency_median_s": 2.0, "latency_p99_s": 1.0}, "tools.latency_p99_s"),
+        ({"max_calls": 100}, "tools.max_calls"),
+        ({"latency": 1.0}, "tools.latency"),
+    ],
+)
+def test_bad_tool_fields_are_named_as_nested(tools, field):
+    with pytest.raises(SpecError) as info:
+        JobSpec.from_dict({"task": "arith-tools", "tools": tools})
     assert info.value.field == field
 
 

@@ -84,5 +84,16 @@ def test_batches_are_seeded(task):
 
 
 def test_unknown_task():
-    with pytest.raises(ValueError, match="unknown task 'nope'; known: arith"):
+    with pytest.raises(ValueError, match="unknown task 'nope'; known: arith, arith-tools"):
         get_task("nope")
+
+
+def test_the_tool_task_has_the_same_problems_and_split():
+    plain, tools = get_task("arith"), get_task("arith-tools")
+    assert tools.uses_tools
+    assert not plain.uses_tools
+    assert tools.train_batch(3, 5, 200) == plain.train_batch(3, 5, 200)
+    assert tools.eval_set(100) == plain.eval_set(100)
+    # scored exactly: math-verify would take the problem's own expression and skip the calculator
+    assert tools.reward("70", "70") == 1.0
+    assert tools.reward("37+45-12", "70") == tools.reward("70]", "70") == 0.0

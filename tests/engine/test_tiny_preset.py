@@ -25,3 +25,23 @@ def test_preset_decays_to_zero_within_its_own_steps():
     p = TINY_ARITH
     assert lr_at(p.sft_steps - 1, p.sft_steps, p.sft_lr, p.sft_warmup, p.sft_decay) == 0.0
     assert p.head_dim >= 32  # vLLM's CPU attention rejects smaller heads
+
+
+def test_tools_preset_learns_only_what_the_model_writes():
+    """Tool traces teach the call and the EOS after the result, never the result the environment
+    inserts (as in RL); direct answers teach the answer and EOS, as in tiny-arith."""
+    from engine.models import PRESETS
+    from engine.models.tiny import TINY_ARITH_TOOLS, _sft_batch, train_tokenizer
+    from engine.rl.tasks import Problem, eval_problems
+
+    assert PRESETS["tiny-arith-tools"] is TINY_ARITH_TOOLS
+    assert TINY_ARITH_TOOLS.tool_fraction > 0
+    assert TINY_ARITH.tool_fraction == 0  # tiny-arith builds exactly as before the tool existed
+    p = TINY_ARITH_TOOLS
+    assert lr_at(p.sft_steps - 1, p.sft_steps, p.sft_lr, p.sft_warmup, p.sft_decay) == 0.0
+    tok = train_tokenizer(eval_problems(50), extra="[]?")
+    ids, attn, labels = _sft_batch(tok, [Problem("37+45-12=", "70"), Problem("3-5=", "-2")], [True, False])
+    texts = [tok.decode(row[mask.bool()].tolist()) for row, mask in zip(ids, attn, strict=True)]
+    learned = [tok.decode(row[row != -100].tolist()) for row in labels]
+    assert texts == ["37+45-12=[37+45-12]70<eos>", "3-5=-2<eos>"]
+    assert learned == ["[37+45-12]<eos>", "-2<eos>"]

@@ -8,6 +8,8 @@ Job A samples from the session's ``tiny-arith`` build; job B from a strongly per
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import ray
 import torch
@@ -251,3 +253,21 @@ def test_dropped_deployment_is_gone(vllm_group, tiny_model_dir, tok):
 def test_cpu_backend_is_one_rank(tmp_path):
     with pytest.raises(ValueError, match="one rank"):
         VllmBackend(rank=0, world_size=2, data_dir=tmp_path)
+
+
+def test_stop_tokens_end_samples_as_in_the_torch_sampler(vllm_group, tok, tiny_model_dir):
+    """A stop token (a tool call's "]") ends a sample and stays its last token, as EOS does."""
+    prompts = [tok.encode(p) for p in PROBLEMS + LONG]
+    free = _greedy_ref(_hf(tiny_model_dir), tok, prompts)
+    stop = next(t for answer in free for t in answer[:-1] if t != tok.eos_token_id)
+    greedy = _call(vllm_group, JOB_A, "generate", prompts=prompts,
+                   sampling=dataclasses.replace(GREEDY, stop_token_ids=(stop,)))
+    expected = [a[: a.index(stop) + 1] if stop in a else a for a in free]
+    assert [c.token_ids for c in greedy] == expected
+    assert any(len(e) < len(a) for e, a in zip(expected, free, strict=True))
+    sampling = SamplingParams(n=3, temperature=1.0, max_tokens=MAX_TOKENS, seed=4, stop_token_ids=(stop,))
+    sampled = _call(vllm_group, JOB_A, "generate", prompts=prompts, sampling=sampling)
+    for c in sampled:
+        assert not {stop, tok.eos_token_id} & set(c.token_ids[:-1])
+        assert c.token_ids[-1] in (stop, tok.eos_token_id) or len(c.token_ids) == MAX_TOKENS
+        assert len(c.logprobs) == len(c.token_ids)
