@@ -82,7 +82,7 @@ class Router:
         info = self._submit(Request(job, role, CREATE, payload), (placed.trainer,), on_usage).result()
         if placed.split:
             # the rollout side starts from the same base weights; sync_weights refreshes it
-            payload = {**payload, "trainable": False, "optimizer": None}
+            payload = {**payload, "trainable": False, "optimizer": None, "side": "rollout"}
             self._submit(Request(job, role, CREATE, payload), (placed.rollout,), on_usage).result()
         self.placement[(job, role)] = placed
         return {**info, "group": placed.trainer, "rollout_group": placed.rollout}

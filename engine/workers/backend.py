@@ -65,8 +65,11 @@ class Backend(ABC):
         *,
         trainable: bool,
         optimizer: OptimizerConfig | None,
+        side: str = "",
     ) -> dict[str, Any]:
-        """Make a deployment's state resident from its base model; returns facts (params, bytes)."""
+        """Make a deployment's state resident from its base model; returns facts (params, bytes).
+        ``side``: "rollout" when this is the sampling side of a deployment whose trainer is on
+        another group (its state then has a model id of its own, ``state_id(deployment, side)``)."""
 
     @abstractmethod
     def execute(self, deployment: Deployment, fn: str, payload: dict[str, Any]) -> Any:

@@ -83,10 +83,12 @@ class WorkerRank:
 
             self.backend.state_client = StateClient(connect, f"{wpg}:{rank}")  # accounting per rank
 
-    def create(self, deployment, model_dir: str, trainable: bool, optimizer: OptimizerConfig | None = None):
+    def create(self, deployment, model_dir: str, trainable: bool, optimizer: OptimizerConfig | None = None,
+               side: str = ""):
         deployment = tuple(deployment)
         self._make_room(deployment)
-        info = self.backend.create(deployment, Path(model_dir), trainable=trainable, optimizer=optimizer)
+        extra = {"side": side} if side else {}  # backends that are one side only keep their default
+        info = self.backend.create(deployment, Path(model_dir), trainable=trainable, optimizer=optimizer, **extra)
         self.lru[deployment] = None
         return info
 

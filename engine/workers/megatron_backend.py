@@ -165,8 +165,10 @@ class MegatronBackend(TrainingBackend):
         self.states: dict[Deployment, _State] = {}
 
     # -- residency ---------------------------------------------------------------------------
-    def create(self, deployment, model_dir, *, trainable, optimizer):
+    def create(self, deployment, model_dir, *, trainable, optimizer, side=""):
         """Facts: ``params`` of the whole (logical) model, ``bytes`` of this rank's parameters."""
+        if side:
+            raise ValueError(f"a Megatron group trains; it cannot be the {side} side of {deployment}")
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from transformers import AutoConfig, AutoTokenizer

@@ -40,6 +40,7 @@ class _State:
     pending_tokens: int = 0  # tokens whose gradients are accumulated and not yet applied
     steps: int = 0  # optimizer steps taken
     res: Residency = field(default_factory=Residency)
+    weights_id: str = ""  # StateManager model id of ``model``'s state (see ``create``)
 
 
 def _state_bytes(module: torch.nn.Module) -> int:
@@ -58,7 +59,10 @@ class TorchBackend(TrainingBackend):
         self.device = worker_device(rank)
 
     # -- residency ---------------------------------------------------------------------------
-    def create(self, deployment, model_dir, *, trainable, optimizer):
+    def create(self, deployment, model_dir, *, trainable, optimizer, side=""):
+        """``side`` "rollout": the sampling side of a deployment trained on another group; its
+        weights are a state of their own (``job/role@rollout``), never the trainer's ``job/role``
+        (two groups holding one deployment must not write each other's state)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
@@ -74,7 +78,8 @@ class TorchBackend(TrainingBackend):
             for p in model.parameters():
                 p.requires_grad_(False)
             cfg, opt, rollout = None, None, model
-        state = self.states[deployment] = _State(model, rollout, tokenizer, opt, cfg)
+        state = self.states[deployment] = _State(model, rollout, tokenizer, opt, cfg,
+                                                 weights_id=state_id(deployment, side))
         if self.state_client is not None:
             self._register_base(deployment, state, model_dir)
         return {"params": sum(p.numel() for p in model.parameters()), "bytes": _state_bytes(model)}
@@ -89,13 +94,13 @@ class TorchBackend(TrainingBackend):
             if state.optimizer is not None:
                 for key, value in state.optimizer.state.get(p, {}).items():
                     trainer[(f"{name}::{key}", WHOLE)] = value
-        out = {state_id(deployment): trainer}
+        out = {state.weights_id: trainer}
         if state.rollout is not state.model:
             out[state_id(deployment, "sampler")] = {(n, WHOLE): p.detach() for n, p in state.rollout.named_parameters()}
         return out
 
     def _import_state(self, deployment, state, tensors):
-        trainer = tensors[state_id(deployment)]
+        trainer = tensors[state.weights_id]
         for name, p in state.model.named_parameters():
             p.data = trainer[(name, WHOLE)]
             p.grad = trainer.get((f"{name}::grad", WHOLE))

@@ -285,8 +285,9 @@ class VllmBackend(Backend):
             self.state_client.call("prefetch", [state_id(deployment, "rollout")])
 
     # -- residency ---------------------------------------------------------------------------
-    def create(self, deployment, model_dir, *, trainable, optimizer):
-        # ``trainable`` and ``optimizer`` concern the trainer's copy; a rollout copy only samples.
+    def create(self, deployment, model_dir, *, trainable, optimizer, side="rollout"):
+        # ``trainable`` and ``optimizer`` concern the trainer's copy; a rollout copy only samples
+        # (and is always the rollout side: its state is ``state_id(deployment, "rollout")``).
         model_dir = Path(model_dir)
         if deployment in self.deployments:
             raise ValueError(f"deployment {deployment} already exists on this worker")
