@@ -81,6 +81,20 @@ def _time_calls(fn, n: int) -> list[float]:
     return out
 
 
+def _relay_class():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Relay:
+        """The least a scheduler actor on the call path can cost: receive a call, forward it to
+        the rank, await the result, return it (no queue, no decision, no metering)."""
+
+        async def call(self, rank, request):
+            return await rank.execute.remote(request)
+
+    return Relay
+
+
 def bench_engine(calls: int, fb_calls: int, model: str) -> dict:
     import ray
     import torch
@@ -106,23 +120,31 @@ def bench_engine(calls: int, fb_calls: int, model: str) -> dict:
         def routed(fn, payload):
             return lambda: router.call("bench", "policy", fn, payload).result()
 
+        relay = _relay_class().remote()
+
+        def relayed(fn, payload):
+            return lambda: ray.get(relay.call.remote(rank, Request("bench", "policy", fn, payload)))
+
         results = {}
         for name, fn, payload, n in (("noop", "noop", {}, calls),
                                      ("forward_backward", "forward_backward", fb_payload, fb_calls)):
-            for warm in (direct(fn, payload), routed(fn, payload)):
+            for warm in (direct(fn, payload), routed(fn, payload), relayed(fn, payload)):
                 _time_calls(warm, max(3, n // 10))
-            # interleave the two paths so machine noise hits both alike
-            d, r = [], []
+            # interleave the paths so machine noise hits them alike
+            d, r, h = [], [], []
             for _ in range(n):
                 d += _time_calls(direct(fn, payload), 1)
                 r += _time_calls(routed(fn, payload), 1)
-            results[name] = {"direct": _percentiles(d), "router": _percentiles(r)}
+                h += _time_calls(relayed(fn, payload), 1)
+            results[name] = {"direct": _percentiles(d), "router": _percentiles(r), "relay": _percentiles(h)}
     noop, fb = results["noop"], results["forward_backward"]
     over50 = noop["router"]["p50_ms"] - noop["direct"]["p50_ms"]
     over99 = noop["router"]["p99_ms"] - noop["direct"]["p99_ms"]
     fb_over = fb["router"]["p50_ms"] - fb["direct"]["p50_ms"]
     return {
         "router_overhead_p50_ms": over50,
+        # of which one more Ray actor hop (caller -> actor -> rank) costs, whatever the actor does:
+        "actor_hop_p50_ms": noop["relay"]["p50_ms"] - noop["direct"]["p50_ms"],
         "router_overhead_p99_ms": over99,
         "forward_backward_overhead_p50_ms": fb_over,
         "overhead_pct_of_forward_backward": 100.0 * over50 / fb["direct"]["p50_ms"],
@@ -142,7 +164,8 @@ def cmd_bench_engine(args: argparse.Namespace) -> int:
             print(f"{name:<18}{path:<8}{s['p50_ms']:>10.3f}{s['p99_ms']:>10.3f}")
     print(f"router overhead p50 {result['router_overhead_p50_ms']:.3f} ms, "
           f"p99 {result['router_overhead_p99_ms']:.3f} ms, "
-          f"{result['overhead_pct_of_forward_backward']:.2f} % of a forward_backward")
+          f"{result['overhead_pct_of_forward_backward']:.2f} % of a forward_backward; "
+          f"a bare relay actor on the path costs {result['actor_hop_p50_ms']:.3f} ms p50")
     return 0
 
 

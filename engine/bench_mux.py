@@ -30,9 +30,12 @@ DEVICES_PER_WPG = 1.0  # one device slot = one core, computed on by one thread
 
 
 def job_shapes(jobs: int, steps: int, seed: int) -> list[tuple[str, JobSpec]]:
-    """The bench's jobs: a tool-using one, a training-heavy one, then default ones."""
-    base = GRPOConfig(prompts_per_step=64, samples_per_prompt=8, updates_per_step=4, eval_every=max(1, steps // 2),
-                      eval_size=100)
+    """The bench's jobs: a tool-using one, a training-heavy one, then default ones, all with the
+    GRPO defaults (512 prompts x 8 samples per step) except what makes their shape: the tool-using
+    job's turns wait for the slowest of their calculator calls; the training-heavy one adds a frozen
+    reference (KL penalty), recomputed old log-probs and twice the optimizer steps. Evaluations are
+    smaller than a training run's (100 problems, twice per run): the bench is about device time."""
+    base = GRPOConfig(eval_every=max(1, steps // 2), eval_size=100)
     default = JobSpec(task="arith", model="tiny-arith", steps=steps, seed=seed, rollout="torch", trainer="torch",
                       grpo=base)
     shapes = [
@@ -40,7 +43,7 @@ def job_shapes(jobs: int, steps: int, seed: int) -> list[tuple[str, JobSpec]]:
         # more passes on the train side per sample: a frozen reference's log-probs (KL penalty), old
         # log-probs recomputed by the trainer, and more, smaller optimizer steps
         ("train-heavy", dataclasses.replace(default, seed=seed + 2, grpo=dataclasses.replace(
-            base, kl_coef=0.05, recompute_logprobs=True, updates_per_step=8))),
+            base, kl_coef=0.05, recompute_logprobs=True, updates_per_step=16))),
     ]
     i = 0
     while len(shapes) < jobs:

@@ -130,6 +130,10 @@ class ExecEstimates:
             value = sum(others) / len(others) if others else self.default_s
         return max(EXEC_FLOOR_S, value)
 
+    def items(self) -> list[tuple[tuple[str, str], float]]:
+        """Every estimate: ((job, function), seconds)."""
+        return list(self._by_job.items())
+
     def known(self, job: str) -> dict[str, float]:
         return {fn: v for (j, fn), v in self._by_job.items() if j == job}
 

@@ -141,7 +141,7 @@ class SchedulerService:
             "switches": self.switches,
             "switch_seconds": self.switch_seconds,
             "prefetches": self.prefetches,
-            "estimates": {f"{j}/{fn}": v for (j, fn), v in self.core.estimates._by_job.items()},
+            "estimates": {f"{j}/{fn}": v for (j, fn), v in self.core.estimates.items()},
         }
 
 
