@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.rl.grpo import GRPOConfig
+from engine.scheduler.placement import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
 from engine.spec import JobSpec
 
-ROLLOUT = frozenset({"generate", "sync_weights"})
-TRAIN = frozenset({"forward", "forward_backward", "optim_step", "save_checkpoint", "load_checkpoint"})
 DEVICES_PER_WPG = 1.0  # one device slot = one core, computed on by one thread
 
 
@@ -89,9 +88,9 @@ def bench_mux(*, jobs: int, steps: int, seed: int, max_resident: int = 2, progre
     def start_pair(engine: LocalEngine, prefix: str, swapping: Swapping | None):
         return [engine.start_group(f"{prefix}-{side}", "torch", devices_per_rank=DEVICES_PER_WPG, threads=1,
                                    swapping=swapping, serves=serves)
-                for side, serves in (("rollout", ROLLOUT), ("train", TRAIN))]
+                for side, serves in (("rollout", ROLLOUT_FUNCTIONS), ("train", TRAIN_FUNCTIONS))]
 
-    def finish(mode: str, runs: list[JobRun], summaries: dict[str, dict]) -> dict[str, list[dict]]:
+    def finish(runs: list[JobRun], summaries: dict[str, dict]) -> dict[str, list[dict]]:
         out_events = {}
         for run in runs:
             write_run_outputs(run.events_path, run.events_path.parent, summaries[run.job_id])
@@ -104,7 +103,7 @@ def bench_mux(*, jobs: int, steps: int, seed: int, max_resident: int = 2, progre
         for name, spec in shapes:  # (a) one after another, each on a pair of groups of its own
             groups = start_pair(engine, f"alone-{name}", None)
             run = JobRun(f"{name}-alone", spec, root / "dedicated" / name / "events.jsonl")
-            events = finish("dedicated", [run], run_jobs([run], groups, count, poll_s=0.05))[run.job_id]
+            events = finish([run], run_jobs([run], groups, count, poll_s=0.05))[run.job_id]
             start, end = _wall(events)
             usage = [e["data"] for e in events if e["kind"] == "usage"]
             dedicated[name] = {"wall_s": end - start, "exec_s": _exec_by_fn(usage)}
@@ -114,7 +113,7 @@ def bench_mux(*, jobs: int, steps: int, seed: int, max_resident: int = 2, progre
         # (b) all at once on one shared pair
         shared = start_pair(engine, "shared", Swapping(max_resident=max_resident))
         runs = [JobRun(f"{name}-shared", spec, root / "shared" / name / "events.jsonl") for name, spec in shapes]
-        events = finish("shared", runs, run_jobs(runs, shared, count, poll_s=0.05))
+        events = finish(runs, run_jobs(runs, shared, count, poll_s=0.05))
         swaps = [ray.get(g.ranks[0].swap_stats.remote()) for g in shared]
     bar.close()
 

@@ -207,11 +207,7 @@ class Scheduler:
         Returns one usage record per WPG the call held."""
         dispatch = self.running.pop(call_id)
         call = dispatch.call
-        pending = self._pending[call.stream]
-        del pending[call.seq]
-        self._next_seq[call.stream] = call.seq + 1
-        if not pending:
-            del self._pending[call.stream]
+        self._retire(call)
         if exec_s is not None:
             self.estimates.observe(call.job, call.fn, exec_s)
         self.aligner.record(call.job, call.fn, dispatch.at, now)
@@ -261,16 +257,20 @@ class Scheduler:
         while marks := [c for c in self.eligible() if c.fn == STEP]:
             for call in marks:
                 del self.queue[call.id]
-                pending = self._pending[call.stream]
-                del pending[call.seq]
-                self._next_seq[call.stream] = call.seq + 1
-                if not pending:
-                    del self._pending[call.stream]
+                self._retire(call)
                 delay = self.aligner.boundary(call.job, now)
                 if delay > 0:
                     self.not_before[call.job] = now + delay
                 else:
                     self.not_before.pop(call.job, None)
+
+    def _retire(self, call: Call) -> None:
+        """``call`` is done: the next call of its stream may start."""
+        pending = self._pending[call.stream]
+        del pending[call.seq]
+        self._next_seq[call.stream] = call.seq + 1
+        if not pending:
+            del self._pending[call.stream]
 
     def next_wakeup(self, now: float) -> float | None:
         """When a held-back job's next call may start (None: nothing is held back)."""

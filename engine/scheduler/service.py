@@ -97,13 +97,7 @@ class SchedulerService:
         call = dispatch.call
         done, request = self._waiting.pop(call.id)
         ranks = self.groups[call.wpgs[0]].ranks
-        if len(ranks) == 1:
-            try:
-                outcomes = [await ranks[0].run.remote(request)]
-            except Exception as exc:  # the call failed in the rank: its caller gets the error
-                outcomes = [exc]
-        else:
-            outcomes = await asyncio.gather(*[rank.run.remote(request) for rank in ranks], return_exceptions=True)
+        outcomes = await asyncio.gather(*[rank.run.remote(request) for rank in ranks], return_exceptions=True)
         failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
         if failed is not None:
             self.core.complete(call.id, self._now())
