@@ -163,6 +163,7 @@ class Scheduler:
         # per stream: the next seq to run, and the stream's calls not yet completed by seq
         self._next_seq: dict[tuple[str, str], int] = {}
         self._pending: dict[tuple[str, str], dict[int, int]] = {}  # stream -> {seq: call id}
+        self._ready: dict[tuple[str, str], int] = {}  # stream -> its next call's id, while that one is queued
         self._next_id = 1
         self.aligner = Aligner(profile_steps=self.policy.profile_steps, max_delay_s=self.policy.max_start_delay_s,
                                offset_steps=self.policy.offset_steps)
@@ -198,6 +199,8 @@ class Scheduler:
         self._next_seq[key] = first
         self._pending[key] = pending  # only now: a rejected call must not leave an empty entry
         pending[seq] = call.id
+        if seq == first:
+            self._ready[key] = call.id
         return call
 
     def complete(self, call_id: int, now: float, *, exec_s: float | None = None,
@@ -243,9 +246,8 @@ class Scheduler:
         """Calls that may start now: the next call of their stream (every earlier one completed),
         not running, of a job that is not paused (nor, given ``now``, held back by a start delay)."""
         out = []
-        for key, pending in self._pending.items():
-            head = pending.get(self._next_seq[key])
-            if head is None or head not in self.queue or key[0] in self.paused:
+        for key, head in self._ready.items():
+            if key[0] in self.paused:
                 continue
             if now is not None and self.not_before.get(key[0], now) > now:
                 continue
@@ -254,15 +256,20 @@ class Scheduler:
 
     def _take_marks(self, now: float) -> None:
         """Consume the step marks at the head of their streams: each starts the job's next step."""
-        while marks := [c for c in self.eligible() if c.fn == STEP]:
+        while marks := sorted((c for c in self.eligible() if c.fn == STEP), key=lambda c: c.id):
             for call in marks:
-                del self.queue[call.id]
+                self._take(call)
                 self._retire(call)
                 delay = self.aligner.boundary(call.job, now)
                 if delay > 0:
                     self.not_before[call.job] = now + delay
                 else:
                     self.not_before.pop(call.job, None)
+
+    def _take(self, call: Call) -> None:
+        """``call`` leaves the queue (it starts, or it is a mark consumed)."""
+        del self.queue[call.id]
+        del self._ready[call.stream]
 
     def _retire(self, call: Call) -> None:
         """``call`` is done: the next call of its stream may start."""
@@ -271,6 +278,8 @@ class Scheduler:
         self._next_seq[call.stream] = call.seq + 1
         if not pending:
             del self._pending[call.stream]
+        elif (nxt := pending.get(call.seq + 1)) is not None:
+            self._ready[call.stream] = nxt  # submitted already (out of order), queued since
 
     def next_wakeup(self, now: float) -> float | None:
         """When a held-back job's next call may start (None: nothing is held back)."""
@@ -288,12 +297,19 @@ class Scheduler:
         return hrrs_ratio(now - call.submitted, self.estimates.get(call.job, call.fn), setup,
                           self.weights.get(call.tenant, 1.0))
 
-    def _order(self, calls: list[Call], now: float) -> list[Call]:
+    def _order(self, calls: list[Call], now: float,
+               setups: dict[int, tuple[float, tuple[str, ...]]] | None = None) -> list[Call]:
+        """``calls`` best first; ``setups``: their setup estimates, when already computed."""
+        setups = setups if setups is not None else {c.id: self.setup_estimate(c) for c in calls}
+
         def key(call: Call):
             overdue = now - call.submitted >= self.policy.max_wait_s
             if overdue:
                 return (0, call.submitted, call.id)
-            return (1, -self.ratio(call, now), len(self.setup_estimate(call)[1]), call.id)
+            setup, switches = setups[call.id]
+            ratio = hrrs_ratio(now - call.submitted, self.estimates.get(call.job, call.fn), setup,
+                               self.weights.get(call.tenant, 1.0))
+            return (1, -ratio, len(switches), call.id)
 
         return sorted(calls, key=key)
 
@@ -304,7 +320,11 @@ class Scheduler:
         decisions: list[Dispatch | Prefetch] = []
         held: set[str] = set()  # WPGs kept free for an overdue call that waits for others
         self._take_marks(now)
-        ordered = self._order(self.eligible(now), now)
+        if all(w.running is not None for w in self.wpgs.values()):
+            return decisions  # nothing can start (and nothing started, so no hint is due)
+        eligible = self.eligible(now)
+        setups = {c.id: self.setup_estimate(c) for c in eligible}
+        ordered = self._order(eligible, now, setups)
         started: list[str] = []
         for call in ordered:
             free = all(self.wpgs[w].running is None and w not in held for w in call.wpgs)
@@ -312,11 +332,11 @@ class Scheduler:
                 if now - call.submitted >= self.policy.max_wait_s:
                     held.update(call.wpgs)
                 continue
-            setup, switches = self.setup_estimate(call)
+            setup, switches = setups[call.id]  # still true: only other, free WPGs were touched
             for w in call.wpgs:
                 self.wpgs[w].running = call.id
                 self.wpgs[w].touch(call.deployment)
-            del self.queue[call.id]
+            self._take(call)
             dispatch = Dispatch(call, now, setup, switches)
             self.running[call.id] = dispatch
             decisions.append(dispatch)
