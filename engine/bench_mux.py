@@ -65,6 +65,23 @@ def _exec_by_fn(usage: list[dict]) -> dict[str, float]:
     return {fn: statistics.median(v) for fn, v in sorted(by_fn.items())}
 
 
+def _calls(usage: list[dict]) -> dict[str, dict[str, float]]:
+    """Per "role/function": calls made, their execution seconds and the seconds they held their
+    WPG (dispatch to completion, as the scheduler saw it), in all (a call held by two WPGs counts
+    once)."""
+    out: dict[str, dict[str, float]] = {}
+    seen: set[int] = set()
+    for u in usage:
+        if u.get("exec_s") is None or u["call"] in seen:
+            continue
+        seen.add(u["call"])
+        entry = out.setdefault(f"{u['role']}/{u['fn']}", {"count": 0, "exec_s": 0.0, "held_s": 0.0})
+        entry["count"] += 1
+        entry["exec_s"] += u["exec_s"]
+        entry["held_s"] += u["end"] - u["start"]
+    return dict(sorted(out.items()))
+
+
 def bench_mux(*, jobs: int, steps: int, seed: int, max_resident: int = 2, progress: bool = False,
               out: Path | None = None) -> dict[str, Any]:
     import ray
@@ -106,7 +123,7 @@ def bench_mux(*, jobs: int, steps: int, seed: int, max_resident: int = 2, progre
             events = finish([run], run_jobs([run], groups, count, poll_s=0.05))[run.job_id]
             start, end = _wall(events)
             usage = [e["data"] for e in events if e["kind"] == "usage"]
-            dedicated[name] = {"wall_s": end - start, "exec_s": _exec_by_fn(usage)}
+            dedicated[name] = {"wall_s": end - start, "exec_s": _exec_by_fn(usage), "calls": _calls(usage)}
             for g in groups:
                 g.shutdown()
                 engine.groups.remove(g)
@@ -138,6 +155,7 @@ def bench_mux(*, jobs: int, steps: int, seed: int, max_resident: int = 2, progre
             "dedicated_wall_s": dedicated[name]["wall_s"],
             "shared_wall_s": end - start,
             "exec_s": dedicated[name]["exec_s"],
+            "calls": dedicated[name]["calls"],
             "spec": spec.to_dict(),
         })
     return {

@@ -189,6 +189,9 @@ def add_engine_commands(sub: argparse._SubParsersAction) -> None:
     from engine.bench import add_bench
 
     add_bench(sub)
+    from engine.sim.cli import add_sim
+
+    add_sim(sub)
 
 
 def run(args: argparse.Namespace) -> int:

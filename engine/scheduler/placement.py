@@ -76,3 +76,20 @@ def place_deployment(
         return Placement(trainer.name, trainer.name)
     rollout = _pick(groups, rollout_needs, TRAIN_FUNCTIONS, rollout_kind, "rollout", role)
     return Placement(trainer.name, rollout.name)
+
+
+def assign_wpgs(rollout_loads: Sequence[float], train_loads: Sequence[float], replicas: int, rollout_demand: float,
+                train_demand: float, *, limit: float = 1.0) -> tuple[tuple[int, ...], int] | None:
+    """Which of a pool's shared WPGs a new job's calls go to: ``replicas`` distinct rollout WPGs and
+    one train WPG, the least loaded ones (load: fraction of a WPG's time the jobs on it declared;
+    ties to the lower index). None when the job does not fit: a WPG would exceed ``limit``, or the
+    pool has fewer rollout WPGs than the job has replicas."""
+    if replicas > len(rollout_loads) or not train_loads:
+        return None
+    rollout = sorted(range(len(rollout_loads)), key=lambda i: (rollout_loads[i], i))[:replicas]
+    train = min(range(len(train_loads)), key=lambda i: (train_loads[i], i))
+    if any(rollout_loads[i] + rollout_demand > limit + 1e-12 for i in rollout):
+        return None
+    if train_loads[train] + train_demand > limit + 1e-12:
+        return None
+    return tuple(sorted(rollout)), train

@@ -1,0 +1,567 @@
+"""The discrete-event simulator: the same jobs under five deployment modes, on a virtual clock.
+
+Dedicated modes (a job holds its devices from start to end; the cluster admits jobs first come,
+first served, when enough devices are free):
+
+- ``isolated_split``: rollout and train devices apart, synchronous steps (rollout, reward, log-probs,
+  training, weight sync one after another);
+- ``async_split``: the same devices, one step off-policy: rollout of step k+1 overlaps training of
+  step k, the weight sync joins both sides;
+- ``colocated``: one group of rollout + train devices runs both phases on the training layout
+  (inference at ``colocated_efficiency`` per device, training over all devices).
+
+Shared modes run the scheduler core (``engine.scheduler.core.Scheduler``) unchanged, one instance
+per *pool*: the cluster's node groups are carved into pools per model class (a class's WPGs can
+host only its own architecture and size: affinity), each pool holding replica-sized rollout WPGs
+and train-group-sized train WPGs in the proportion of the class's declared demand. A job is
+admitted into a pool whose WPGs have room for its declared demand (``assign_wpgs``), its calls go
+through the pool's queues in HRRS order, its state swaps in and out of WPGs at the host bandwidth,
+and it pays only for the calls it ran (usage records from the core, as live billing does).
+
+- ``plexrl``: first come, first served admission, first pool that fits;
+- ``plexrl_backfill``: spread (the pool whose most loaded WPG stays least loaded) + backfill (a
+  later job starts when it fits and no job ahead of it waits for its class's pools, so it delays
+  no admission already due).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.metering import UsageRecord, device_seconds
+from engine.scheduler.core import STEP, Dispatch, Policy, Scheduler
+from engine.scheduler.placement import assign_wpgs
+from engine.sim.workload import ModelClass, StepPlan, Workload
+
+MODES = ("isolated_split", "colocated", "async_split", "plexrl", "plexrl_backfill")
+ROLE = "policy"
+
+
+@dataclass
+class Busy:
+    """Device-busy intervals (for utilisation over time): start, end, devices."""
+
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+    devices: list[float] = field(default_factory=list)
+
+    def add(self, start: float, end: float, devices: float) -> None:
+        if end > start:
+            self.starts.append(start)
+            self.ends.append(end)
+            self.devices.append(devices)
+
+    def add_many(self, starts: np.ndarray, ends: np.ndarray, devices: float) -> None:
+        self.starts.extend(starts.tolist())
+        self.ends.extend(ends.tolist())
+        self.devices.extend([devices] * len(starts))
+
+    def series(self, edges: np.ndarray) -> np.ndarray:
+        """Device-seconds busy in each bin between ``edges`` (exact: integrates the step function)."""
+        if not self.starts:
+            return np.zeros(len(edges) - 1)
+        t = np.concatenate([np.asarray(self.starts), np.asarray(self.ends)])
+        d = np.concatenate([np.asarray(self.devices), -np.asarray(self.devices)])
+        order = np.argsort(t, kind="stable")
+        t, rate = t[order], np.cumsum(d[order])
+        # integral of the busy-devices step function from t[0] up to x
+        areas = np.concatenate([[0.0], np.cumsum(rate[:-1] * np.diff(t))])
+        idx = np.searchsorted(t, edges, side="right") - 1
+        integral = np.where(idx < 0, 0.0, areas[np.maximum(idx, 0)] + rate[np.maximum(idx, 0)]
+                            * (edges - t[np.maximum(idx, 0)]))
+        return np.diff(integral)
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    usage: list[UsageRecord]
+    finish: dict[str, float]  # job -> completion time
+    start: dict[str, float]  # job -> when it got devices
+    busy: Busy  # devices computing
+    wall_seconds: float = 0.0
+    switches: int = 0
+    switch_device_s: float = 0.0
+    events: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --- dedicated deployments -------------------------------------------------------------------------
+
+
+def _isolated_timeline(p: StepPlan, t0: float, busy: Busy) -> float:
+    c = p.cls
+    roll = p.rollout_phase_s()
+    step = roll + p.reward_s + p.logprob_s + p.train_s + p.sync_s
+    starts = t0 + np.concatenate([[0.0], np.cumsum(step)[:-1]])
+    for r in range(p.replicas):
+        busy.add_many(starts, starts + p.rollout_s[:, r], c.replica_gpus)
+    lp0 = starts + roll + p.reward_s
+    busy.add_many(lp0, lp0 + p.logprob_s + p.train_s, c.train_gpus)
+    s0 = lp0 + p.logprob_s + p.train_s
+    busy.add_many(s0, s0 + p.sync_s, c.rollout_gpus + c.train_gpus)
+    return float(t0 + step.sum())
+
+
+def _async_timeline(p: StepPlan, t0: float, busy: Busy) -> float:
+    """One step off-policy: generation of step k + 1 overlaps training of step k. Generation of
+    step k samples with the weights synced after step k - 2; the sync after step k joins both sides,
+    so it waits for training k and for the rollout side to finish generating step k + 1."""
+    c = p.cls
+    n = len(p.sync_s)
+    roll = p.rollout_phase_s()
+    both = c.rollout_gpus + c.train_gpus
+    gen_end = [0.0] * n
+    train_end = [0.0] * n
+    sync_end = [0.0] * n
+
+    def synced(k: int) -> float:  # when the weights after step k are on the rollout side
+        return t0 if k < 0 else sync_end[k]
+
+    for k in range(n):
+        gs = t0 if k == 0 else max(gen_end[k - 1], synced(k - 2))
+        for r in range(p.replicas):
+            busy.add(gs, gs + float(p.rollout_s[k, r]), c.replica_gpus)
+        gen_end[k] = gs + float(roll[k] + p.reward_s[k])
+        if k >= 1:
+            ss = max(train_end[k - 1], gen_end[k])
+            sync_end[k - 1] = ss + float(p.sync_s[k - 1])
+            busy.add(ss, sync_end[k - 1], both)
+        ts = max(gen_end[k], synced(k - 1))
+        train_end[k] = ts + float(p.logprob_s[k] + p.train_s[k])
+        busy.add(ts, train_end[k], c.train_gpus)
+    sync_end[n - 1] = train_end[n - 1] + float(p.sync_s[n - 1])
+    busy.add(train_end[n - 1], sync_end[n - 1], both)
+    return sync_end[n - 1]
+
+
+def colocated_switch_s(w: Workload, c: ModelClass) -> float:
+    """Per phase change on a colocated group: the optimizer state out to host and back (seconds)."""
+    return 2 * w.optimizer_bytes * c.params_b * 1e9 / ((c.rollout_gpus + c.train_gpus) * w.h2d_gb_s * 1e9)
+
+
+def _colocated_timeline(w: Workload, p: StepPlan, t0: float, busy: Busy) -> float:
+    c = p.cls
+    devices = c.rollout_gpus + c.train_gpus
+    train = (p.logprob_s + p.train_s) * c.train_gpus / devices  # data parallel over every device
+    sync = p.sync_s  # a reshard within the group
+    switch = colocated_switch_s(w, c)
+    step = p.colocated_rollout_s + p.reward_s + train + sync + switch
+    starts = t0 + np.concatenate([[0.0], np.cumsum(step)[:-1]])
+    # busy at right-sized efficiency: the work the rollout did, not the devices it held
+    busy.add_many(starts, starts + p.rollout_s.sum(axis=1) * c.replica_gpus / devices, devices)
+    t1 = starts + p.colocated_rollout_s + p.reward_s
+    busy.add_many(t1, t1 + train + sync, devices)
+    return float(t0 + step.sum())
+
+
+def run_dedicated(mode: str, w: Workload, plans: list[StepPlan]) -> ModeResult:
+    """First come, first served: a job starts when every job before it has started and its whole
+    reservation is free."""
+    busy = Busy()
+    timeline: dict[str, Callable[[StepPlan, float], float]] = {
+        "isolated_split": lambda p, t: _isolated_timeline(p, t, busy),
+        "async_split": lambda p, t: _async_timeline(p, t, busy),
+        "colocated": lambda p, t: _colocated_timeline(w, p, t, busy),
+    }
+    run = timeline[mode]
+    free = w.gpus
+    releases: list[tuple[float, int, int]] = []  # (end, seq, devices)
+    usage, start, finish = [], {}, {}
+    now = 0.0
+    for i, p in enumerate(sorted(plans, key=lambda q: (q.job.arrival, q.job.id))):
+        need = p.cls.rollout_gpus + p.cls.train_gpus
+        if need > w.gpus:
+            raise ValueError(f"job {p.job.id} needs {need} devices, the cluster has {w.gpus}")
+        now = max(now, p.job.arrival)
+        while releases and (free < need or releases[0][0] <= now):
+            end, _, devices = heapq.heappop(releases)
+            free += devices
+            now = max(now, end)
+        end = run(p, now)
+        free -= need
+        heapq.heappush(releases, (end, i, need))
+        start[p.job.id], finish[p.job.id] = now, end
+        usage.append(UsageRecord(job=p.job.id, role="reservation", fn=mode, wpg=f"{p.job.id}/{mode}",
+                                 devices=need, start=now, end=end))
+    return ModeResult(mode, usage, finish, start, busy, events=2 * len(plans))
+
+
+# --- shared deployments: the scheduler core on a virtual clock -------------------------------------
+
+
+@dataclass
+class PoolWpg:
+    name: str
+    kind: str  # "rollout" or "train"
+    devices: int
+    load: float = 0.0  # declared demand of the jobs placed on it (fraction of its time)
+
+
+@dataclass(eq=False)
+class Pool:
+    """WPGs of one affinity class (they host only that class's jobs) under one scheduler core."""
+
+    name: str
+    cls: str
+    scheduler: Scheduler
+    rollout: list[PoolWpg]
+    train: list[PoolWpg]
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """One call a job makes: ``target`` "train", "rollout" (its ``replica``-th rollout WPG) or
+    "sync" (its train WPG and every rollout WPG it uses, at once)."""
+
+    fn: str
+    target: str
+    seconds: float
+    replica: int = 0
+    role: str = ROLE
+
+
+# A stage of a step: calls run in parallel (each on a stream of its own), or host seconds (no WPG).
+Stage = tuple[CallSpec, ...] | float
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """A job as the shared modes run it: where it may go, what it declares, what each step does."""
+
+    id: str
+    cls: str
+    arrival: float
+    steps: int
+    replicas: int  # rollout WPGs it uses
+    demand: tuple[float, float]  # declared fraction of each rollout and of the train WPG's time
+    switch_s: dict[tuple[str, str], float]  # (role, "rollout" | "train") -> seconds to swap in there
+    stages: Callable[[int], list[Stage]]  # step -> its stages
+
+
+def declared_demand(w: Workload, c: ModelClass) -> tuple[float, float]:
+    """Fractions of a rollout replica's and a train WPG's time a job of class ``c`` declares: its
+    phase shares of the isolated step (the sync on both sides)."""
+    s = w.shares
+    step = c.step_s + w.tool_stall_s
+    return ((s.rollout + s.sync) * c.step_s / step, (s.logprob + s.train + s.sync) * c.step_s / step)
+
+
+def _capacity(w: Workload, c: ModelClass, kind: str, devices: int) -> int:
+    """Job states a WPG holds at once: half a device's memory for states on rollout WPGs (the rest
+    is KV cache), 70 % on train WPGs (the rest is activations); at least one."""
+    if kind == "rollout":
+        per_device = w.weight_bytes * c.params_b * 1e9 / devices
+        room = 0.5
+    else:
+        per_device = (w.weight_bytes + w.optimizer_bytes) * c.params_b * 1e9 / devices
+        room = 0.7
+    return max(1, int(room * w.gpu_memory_gb * 1e9 // per_device))
+
+
+def switch_s(w: Workload, c: ModelClass, kind: str, devices: int) -> float:
+    """Seconds to swap a job's state into a WPG (at host bandwidth per device); a train state is
+    dirty, so the one it replaces is written back first."""
+    if kind == "rollout":
+        return w.weight_bytes * c.params_b * 1e9 / (devices * w.h2d_gb_s * 1e9)
+    return 2 * (w.weight_bytes + w.optimizer_bytes) * c.params_b * 1e9 / (devices * w.h2d_gb_s * 1e9)
+
+
+def build_pools(w: Workload, policy: Policy) -> list[Pool]:
+    """Node groups to classes in proportion to the classes' offered device-seconds (largest
+    remainder, whole pools); within a pool, devices to rollout and train in proportion to the
+    class's declared demand, in whole WPGs."""
+    groups = w.gpus // w.group_gpus
+    demand = {c.name: c.fraction * (c.rollout_gpus + c.train_gpus) * (c.step_s + w.tool_stall_s) for c in w.classes}
+    total = sum(demand.values())
+    size = {c.name: max(1, math.ceil((c.rollout_gpus + c.train_gpus) / w.group_gpus)) for c in w.classes}
+    want = {n: groups * d / total / size[n] for n, d in demand.items()}
+    count = {n: max(1, int(v)) for n, v in want.items()}
+    while sum(count[n] * size[n] for n in count) > groups:
+        n = max(count, key=lambda k: (count[k] - want[k], k))
+        if count[n] == 1:
+            raise ValueError(f"{w.gpus} GPUs are too few to give every model class a pool")
+        count[n] -= 1
+    for n in sorted(want, key=lambda k: (-(want[k] - count[k]), k)):
+        if sum(count[m] * size[m] for m in count) + size[n] <= groups:
+            count[n] += 1
+    pools = []
+    for c in w.classes:
+        devices = size[c.name] * w.group_gpus
+        dr, dt = declared_demand(w, c)
+        train_wpgs = max(1, round(devices * dt / (dr + dt) / c.train_gpus))
+        if devices - train_wpgs * c.train_gpus < c.rollout_gpus:
+            train_wpgs = (devices - c.rollout_gpus) // c.train_gpus
+        rollout_devices = devices - train_wpgs * c.train_gpus
+        for i in range(count[c.name]):
+            name = f"{c.name}#{i}"
+            pools.append(make_pool(name, c.name, policy,
+                                   [(c.replica_gpus, _capacity(w, c, "rollout", c.replica_gpus))]
+                                   * (rollout_devices // c.replica_gpus),
+                                   [(c.train_gpus, _capacity(w, c, "train", c.train_gpus))] * train_wpgs))
+    return pools
+
+
+def make_pool(name: str, cls: str, policy: Policy, rollout: list[tuple[int, int]],
+              train: list[tuple[int, int]]) -> Pool:
+    """A pool of WPGs given as (devices, job states held at once) per rollout and train WPG."""
+    sched = Scheduler(policy)
+    wpgs = {"rollout": [], "train": []}
+    for kind, specs in (("rollout", rollout), ("train", train)):
+        for j, (devices, capacity) in enumerate(specs):
+            g = PoolWpg(f"{name}/{kind[0]}{j}", kind, devices)
+            sched.add_wpg(g.name, devices=devices, capacity=capacity, kind=kind)
+            wpgs[kind].append(g)
+    return Pool(name, cls, sched, wpgs["rollout"], wpgs["train"])
+
+
+def workload_job(w: Workload, p: StepPlan) -> SimJob:
+    """A planned job's steps as stages: a generate call per replica, the reward on the host, the
+    log-prob pass, the training pass, the weight sync on both sides."""
+    c = p.cls
+
+    def stages(k: int) -> list[Stage]:
+        return [tuple(CallSpec("generate", "rollout", float(p.rollout_s[k, r]), r) for r in range(p.replicas)),
+                float(p.reward_s[k]),
+                (CallSpec("forward", "train", float(p.logprob_s[k])),),
+                (CallSpec("forward_backward", "train", float(p.train_s[k])),),
+                (CallSpec("sync_weights", "sync", float(p.sync_s[k])),)]
+
+    return SimJob(p.job.id, c.name, p.job.arrival, len(p.sync_s), p.replicas, declared_demand(w, c),
+                  {(ROLE, "rollout"): switch_s(w, c, "rollout", c.replica_gpus),
+                   (ROLE, "train"): switch_s(w, c, "train", c.train_gpus)}, stages)
+
+
+@dataclass(eq=False)
+class _Running:
+    """A job in a pool: where its calls go and how far it got."""
+
+    job: SimJob
+    pool: Pool
+    rollout: tuple[str, ...]
+    train: str
+    step: int = 0
+    stages: list[Stage] = field(default_factory=list)
+    stage: int = -1
+    outstanding: int = 0
+
+
+def sim_policy(w: Workload) -> Policy:
+    """The scheduler's policy on this workload's time scale: the same rules, with the starvation
+    bound and the longest start delay sized to steps of minutes rather than of seconds."""
+    shortest = min(c.step_s for c in w.classes)
+    return Policy(max_wait_s=shortest, default_exec_s=0.1 * shortest, max_start_delay_s=0.05 * shortest)
+
+
+def run_pools(mode: str, pools: list[Pool], jobs: list[SimJob], *, admit_load: float = float("inf"),
+              spread: bool = False) -> ModeResult:
+    """Run ``jobs`` on shared ``pools``: each arrives, waits until a pool of its class admits it
+    (its declared demand keeps every WPG's load within ``admit_load``), then runs its steps' calls
+    through the pool's scheduler core. ``spread``: admit into the pool that stays least loaded and
+    let later jobs of other classes pass a job that waits (backfill); else first come, first
+    served into the first pool that fits."""
+    by_class: dict[str, list[Pool]] = defaultdict(list)
+    for pool in pools:
+        by_class[pool.cls].append(pool)
+    wpg_of = {g.name: g for pool in pools for g in pool.rollout + pool.train}
+    heap: list[tuple[float, int, str, Any]] = []
+    counter = 0
+
+    def push(t: float, kind: str, data: Any) -> None:
+        nonlocal counter
+        counter += 1
+        heapq.heappush(heap, (t, counter, kind, data))
+
+    queue: deque[SimJob] = deque()
+    running: dict[str, _Running] = {}
+    calls: dict[tuple[str, int], tuple[_Running, float, float]] = {}  # (pool, call id) -> job, exec, setup
+    usage: list[UsageRecord] = []
+    busy = Busy()
+    start, finish = {}, {}
+    switches = 0
+    switch_ds = 0.0
+    events = 0
+    wakeups: dict[str, float] = {}
+
+    def admit(now: float) -> list[Pool]:
+        touched = []
+        blocked: set[str] = set()
+        for job in list(queue):
+            if job.cls in blocked or (blocked and not spread):
+                if not spread:
+                    break
+                continue
+            dr, dt = job.demand
+            best = None
+            for pool in by_class[job.cls]:
+                pick = assign_wpgs([g.load for g in pool.rollout], [g.load for g in pool.train], job.replicas, dr, dt,
+                                   limit=admit_load)
+                if pick is None:
+                    continue
+                peak = max([pool.rollout[i].load + dr for i in pick[0]] + [pool.train[pick[1]].load + dt])
+                if best is None or peak < best[0]:
+                    best = (peak, pool, pick)
+                if not spread:
+                    break
+            if best is None:
+                blocked.add(job.cls)
+                continue
+            _, pool, (ri, ti) = best
+            for i in ri:
+                pool.rollout[i].load += dr
+            pool.train[ti].load += dt
+            queue.remove(job)
+            r = _Running(job, pool, tuple(pool.rollout[i].name for i in ri), pool.train[ti].name)
+            running[job.id] = r
+            start[job.id] = now
+            for (role, kind), seconds in job.switch_s.items():
+                for name in (r.rollout if kind == "rollout" else (r.train,)):
+                    pool.scheduler.set_switch_cost((job.id, role), name, seconds)
+            begin_step(r, now)
+            touched.append(pool)
+        return touched
+
+    def begin_step(r: _Running, now: float) -> None:
+        r.pool.scheduler.submit(r.job.id, ROLE, STEP, (), now, stream="s0")
+        r.stages = r.job.stages(r.step)
+        r.stage = -1
+        next_stage(r, now)
+
+    def next_stage(r: _Running, now: float) -> list[Pool]:
+        """Start the job's next stage (the next step's first one after its last)."""
+        r.stage += 1
+        if r.stage == len(r.stages):
+            r.step += 1
+            if r.step == r.job.steps:
+                return end_job(r, now)
+            begin_step(r, now)
+            return [r.pool]
+        stage = r.stages[r.stage]
+        if isinstance(stage, float):
+            push(now + stage, "host", r)
+            return []
+        for i, spec in enumerate(stage):
+            if spec.target == "train":
+                wpgs: tuple[str, ...] = (r.train,)
+            elif spec.target == "rollout":
+                wpgs = (r.rollout[spec.replica],)
+            else:
+                wpgs = (r.train, *r.rollout)
+            call = r.pool.scheduler.submit(r.job.id, spec.role, spec.fn, wpgs, now, stream=f"s{i}")
+            calls[(r.pool.name, call.id)] = (r, spec.seconds, 0.0)
+            r.outstanding += 1
+        return [r.pool]
+
+    def end_job(r: _Running, now: float) -> list[Pool]:
+        dr, dt = r.job.demand
+        for name in r.rollout:
+            wpg_of[name].load -= dr
+        wpg_of[r.train].load -= dt
+        r.pool.scheduler.forget(r.job.id)
+        del running[r.job.id]
+        finish[r.job.id] = now
+        return [r.pool, *admit(now)]
+
+    def decide(pool: Pool, now: float) -> None:
+        nonlocal switches
+        sched = pool.scheduler
+        for d in sched.decide(now):
+            if not isinstance(d, Dispatch):
+                continue  # a prefetch hint: the model charges every swap at dispatch, none overlapped
+            r, exec_s, _ = calls[(pool.name, d.call.id)]
+            # the WPGs swap in parallel; the call holds all of its WPGs through the slowest swap
+            setup = max((sched.switch_costs.get((d.call.deployment, g), 0.0) for g in d.switches), default=0.0)
+            switches += len(d.switches)
+            calls[(pool.name, d.call.id)] = (r, exec_s, setup)
+            push(now + setup + exec_s, "done", (pool, d.call.id))
+        wake = sched.next_wakeup(now)
+        if wake is not None and wakeups.get(pool.name) != wake:
+            wakeups[pool.name] = wake
+            push(wake, "wake", pool)
+
+    for job in sorted(jobs, key=lambda j: (j.arrival, j.id)):
+        if not by_class[job.cls]:
+            raise ValueError(f"no pool hosts class {job.cls}")
+        push(job.arrival, "arrive", job)
+    while heap:
+        now, _, kind, data = heapq.heappop(heap)
+        events += 1
+        touched: list[Pool] = []
+        if kind == "arrive":
+            queue.append(data)
+            touched = admit(now)
+        elif kind == "done":
+            pool, call_id = data
+            r, exec_s, setup = calls.pop((pool.name, call_id))
+            for rec in pool.scheduler.complete(call_id, now, exec_s=exec_s, setup_s=setup):
+                usage.append(rec)
+                switch_ds += rec.setup_s * rec.devices  # billed to the job as part of its call
+                busy.add(rec.start + setup, rec.end, rec.devices)
+            r.outstanding -= 1
+            touched = [pool]
+            if r.outstanding == 0:
+                touched += next_stage(r, now)
+        elif kind == "host":
+            touched = next_stage(data, now)
+        elif kind == "wake":
+            touched = [data]
+        for pool in dict.fromkeys(touched):
+            decide(pool, now)
+    if queue or running:
+        raise RuntimeError(f"{mode}: {len(queue)} jobs never admitted, {len(running)} never finished")
+    return ModeResult(mode, usage, finish, start, busy, switches=switches, switch_device_s=switch_ds, events=events)
+
+
+def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admit_load: float = 1.25) -> ModeResult:
+    pools = build_pools(w, sim_policy(w))
+    result = run_pools(mode, pools, [workload_job(w, p) for p in plans], admit_load=admit_load,
+                       spread=mode == "plexrl_backfill")
+    counts: dict[str, int] = defaultdict(int)
+    for pool in pools:
+        counts[pool.cls] += 1
+    result.extra = {"pools": dict(counts), "admit_load": admit_load}
+    return result
+
+
+def run_mode(mode: str, w: Workload, plans: list[StepPlan], **kwargs: Any) -> ModeResult:
+    t0 = time.perf_counter()
+    if mode in ("isolated_split", "async_split", "colocated"):
+        result = run_dedicated(mode, w, plans)
+    elif mode in ("plexrl", "plexrl_backfill"):
+        result = run_shared(mode, w, plans, **kwargs)
+    else:
+        raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
+    result.wall_seconds = time.perf_counter() - t0
+    return result
+
+
+def summarise(result: ModeResult, plans: Iterable[StepPlan], cluster_gpus: int) -> dict[str, Any]:
+    plans = list(plans)
+    arrivals = {p.job.id: p.job.arrival for p in plans}
+    billed = device_seconds(result.usage)
+    floor = sum(p.work_floor_device_s() for p in plans)
+    first = min(arrivals.values())
+    last = max(result.finish.values())
+    jct = [result.finish[j] - arrivals[j] for j in arrivals]
+    return {
+        "device_hours": billed / 3600,
+        "total_completion_s": last - first,
+        "actual_over_peak": floor / billed if billed else 0.0,
+        "mean_job_completion_s": float(np.mean(jct)),
+        "median_job_completion_s": float(np.median(jct)),
+        "mean_queue_s": float(np.mean([result.start[j] - arrivals[j] for j in arrivals])),
+        "switches": result.switches,
+        "switch_device_hours": result.switch_device_s / 3600,
+        "wall_seconds": result.wall_seconds,
+        "events": result.events,
+        "events_per_s": result.events / result.wall_seconds if result.wall_seconds else 0.0,
+        **result.extra,
+    }

@@ -1,0 +1,267 @@
+"""The cluster simulator: hand-computed tiny cases, the presets as published, determinism, inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.metering import device_seconds
+from engine.scheduler.core import Policy
+from engine.scheduler.placement import assign_wpgs
+from engine.sim.simulate import MODES, CallSpec, SimJob, make_pool, run_dedicated, run_mode, run_pools, summarise
+from engine.sim.workload import (
+    PRESETS,
+    Job,
+    ModelClass,
+    Shares,
+    StepPlan,
+    Workload,
+    arrival_rate,
+    generate_jobs,
+    load_jobs_csv,
+    plan_all,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXACT = Policy(max_start_delay_s=0.0)  # no alignment delays: hand-computable times
+
+
+def one_wpg_job(name: str, steps: int, call_s: float, host_s: float, switch_s: float) -> SimJob:
+    """Each step: one call of ``call_s`` on the train WPG, then ``host_s`` on the host."""
+    return SimJob(name, "c", 0.0, steps, 0, (0.0, 0.0),
+                  {("policy", "train"): switch_s, ("policy", "rollout"): switch_s},
+                  lambda k: [(CallSpec("forward_backward", "train", call_s),), host_s])
+
+
+def one_wpg_pool(capacity: int):
+    return make_pool("p", "c", EXACT, [], [(1, capacity)])
+
+
+# --- hand-computed shared runs ------------------------------------------------------------------------
+
+
+def test_a_job_alone_pays_its_calls_and_one_switch():
+    r = run_pools("plexrl", [one_wpg_pool(1)], [one_wpg_job("a", 3, 2.0, 1.0, 0.5)])
+    # step 1: switch 0.5 + call 2 -> 2.5, host -> 3.5; steps 2, 3 resident: 3 s each
+    assert r.finish["a"] == pytest.approx(9.5)
+    assert device_seconds(r.usage) == pytest.approx(6.5)
+    assert [u.setup_s for u in r.usage] == [0.5, 0.0, 0.0]
+    assert r.switches == 1
+
+
+def test_two_jobs_with_complementary_phases_share_one_wpg():
+    # a and b: 2 s on the WPG, then 2 s on the host. b waits for a's first call, then each one's
+    # call runs while the other is on the host.
+    jobs = [one_wpg_job("a", 2, 2.0, 2.0, 0.5), one_wpg_job("b", 2, 2.0, 2.0, 0.5)]
+    r = run_pools("plexrl", [one_wpg_pool(2)], jobs)
+    # a: [0, 2.5] (switch in), host to 4.5, waits for b's call to end at 5.0, [5, 7], host to 9
+    # b: [2.5, 5.0] (switch in), host to 7.0, [7, 9], host to 11
+    assert r.finish == {"a": pytest.approx(9.0), "b": pytest.approx(11.0)}
+    assert device_seconds(r.usage, job="a") == pytest.approx(4.5)
+    assert device_seconds(r.usage, job="b") == pytest.approx(4.5)
+    assert r.switches == 2
+    # the WPG is busy 9 of 11 s: 2 s idle while both wait on the host at the very end
+    assert device_seconds(r.usage) == pytest.approx(9.0)
+
+
+def test_a_wpg_holding_one_state_switches_on_every_change_of_job():
+    jobs = [one_wpg_job("a", 2, 2.0, 2.0, 0.5), one_wpg_job("b", 2, 2.0, 2.0, 0.5)]
+    r = run_pools("plexrl", [one_wpg_pool(1)], jobs)
+    # a [0, 2.5], b [2.5, 5.0], a [5.0, 7.5] (switch back), b [7.5, 10.0]; hosts after each
+    assert r.finish == {"a": pytest.approx(9.5), "b": pytest.approx(12.0)}
+    assert r.switches == 4
+    assert device_seconds(r.usage) == pytest.approx(10.0)
+
+
+def test_admission_waits_for_room_and_backfill_lets_another_class_pass():
+    def job(name, cls, arrival, demand):
+        return SimJob(name, cls, arrival, 1, 0, (0.0, demand), {},
+                      lambda k: [(CallSpec("forward_backward", "train", 10.0),)])
+
+    jobs = [job("big", "x", 0.0, 0.8), job("big2", "x", 1.0, 0.8), job("small", "y", 2.0, 0.5)]
+    for spread, small_start in ((False, 10.0), (True, 2.0)):
+        pools = [make_pool("px", "x", EXACT, [], [(1, 1)]), make_pool("py", "y", EXACT, [], [(1, 1)])]
+        r = run_pools("m", pools, jobs, admit_load=1.0, spread=spread)
+        assert r.start["big2"] == pytest.approx(10.0)  # waits for big's room either way
+        assert r.start["small"] == pytest.approx(small_start)
+
+
+# --- hand-computed dedicated runs ---------------------------------------------------------------------
+
+CLS = ModelClass("t", 1.0, 1.0, rollout_gpus=2, train_gpus=2, step_s=8.0, replica_gpus=1, train_mp=2)
+
+
+def tiny_plan(arrival: float = 0.0, name: str = "j") -> StepPlan:
+    return StepPlan(Job(name, "t", arrival, 2, 0), CLS,
+                    rollout_s=np.array([[3.0, 2.0], [3.0, 3.0]]), colocated_rollout_s=np.array([2.0, 2.0]),
+                    reward_s=np.array([1.0, 1.0]), logprob_s=np.array([1.0, 1.0]), train_s=np.array([2.0, 2.0]),
+                    sync_s=np.array([1.0, 1.0]))
+
+
+def tiny_workload(gpus: int = 64) -> Workload:
+    return Workload("tiny", (CLS,), Shares(0.5, 0.1, 0.1, 0.2, 0.1), gpus=gpus, h2d_gb_s=1e9)
+
+
+def test_isolated_split_bills_its_reservation_over_sequential_steps():
+    r = run_dedicated("isolated_split", tiny_workload(), [tiny_plan()])
+    assert r.finish["j"] == pytest.approx(16.0)  # 2 x (3 + 1 + 1 + 2 + 1)
+    assert device_seconds(r.usage) == pytest.approx(64.0)  # 4 devices x 16 s
+
+
+def test_async_split_overlaps_the_next_rollout_with_training():
+    r = run_dedicated("async_split", tiny_workload(), [tiny_plan()])
+    # gen 0 [0, 4]; train 0 [4, 7]; gen 1 (weights of step -1) [4, 8]; sync 0 [8, 9] once gen 1 is
+    # done; train 1 [9, 12]; sync 1 [12, 13]
+    assert r.finish["j"] == pytest.approx(13.0)
+    assert device_seconds(r.usage) == pytest.approx(52.0)
+
+
+def test_colocated_runs_both_phases_on_every_device():
+    r = run_dedicated("colocated", tiny_workload(), [tiny_plan()])
+    # rollout 2 + reward 1 + (log-prob + train) 3 x 2/4 devices + sync 1 (+ a switch of ~0 s)
+    assert r.finish["j"] == pytest.approx(2 * (2 + 1 + 1.5 + 1), abs=1e-6)
+
+
+def test_dedicated_jobs_queue_first_come_first_served_for_devices():
+    plans = [tiny_plan(0.0, "a"), tiny_plan(1.0, "b")]
+    r = run_dedicated("isolated_split", tiny_workload(gpus=64), plans)
+    assert r.start == {"a": 0.0, "b": 1.0}  # 8 of 64 devices: no wait
+    w = dataclasses.replace(tiny_workload(gpus=64), gpus=64)
+    big = dataclasses.replace(CLS, rollout_gpus=32, train_gpus=32)
+    plans = [dataclasses.replace(p, cls=big) for p in plans]
+    r = run_dedicated("isolated_split", w, plans)
+    assert r.start["b"] == pytest.approx(r.finish["a"])  # the whole cluster: b waits for a
+
+
+def test_work_floor_counts_each_replica_its_own_busy_time():
+    # replicas (3 + 2 + 3 + 3) x 1 device + train side (1 + 2) x 2 steps x 2 devices + sync 2 x 4
+    assert tiny_plan().work_floor_device_s() == pytest.approx(11 + 12 + 8)
+
+
+# --- presets, draws and the whole run ------------------------------------------------------------------
+
+
+def test_paper_math_is_the_published_preset():
+    w = PRESETS["paper-math"]
+    got = [(c.name, c.fraction, c.rollout_gpus, c.train_gpus, c.step_s) for c in w.classes]
+    assert got == [("7B", 0.40, 8, 8, 300.0), ("32B", 0.30, 16, 16, 450.0), ("72B", 0.20, 32, 32, 600.0),
+                   ("235B-A22B", 0.10, 64, 64, 800.0)]
+    assert dataclasses.astuple(w.shares) == (0.55, 0.05, 0.12, 0.25, 0.03)
+    assert (w.gpus, w.node_gpus, w.group_gpus, w.h2d_gb_s, w.disk_gb_s) == (2048, 8, 64, 25.0, 5.0)
+    assert (w.length_median, w.length_sigma, w.length_cap) == (1500.0, 1.0, 16384)
+    assert (w.weight_bytes, w.optimizer_bytes, w.steps_min, w.steps_max, w.load) == (2.0, 12.0, 100, 400, 0.8)
+
+
+def test_rollout_phase_is_calibrated_to_its_share_and_has_a_tail():
+    w = PRESETS["paper-math"]
+    plans = plan_all(w, [Job(f"j{i}", "7B", 0.0, 400, i) for i in range(5)])
+    phase = np.concatenate([p.rollout_phase_s() for p in plans])
+    assert phase.mean() == pytest.approx(0.55 * 300, rel=0.03)
+    busy = np.concatenate([p.rollout_s.ravel() for p in plans])
+    assert busy.mean() < phase.mean()  # replicas finish before the slowest one
+
+
+def test_arrivals_offer_the_configured_load():
+    w = PRESETS["paper-math"]
+    jobs = generate_jobs(w, 4000, 1)
+    span = jobs[-1].arrival - jobs[0].arrival
+    demand = sum((w.by_name(j.cls).rollout_gpus + w.by_name(j.cls).train_gpus) * j.steps * w.by_name(j.cls).step_s
+                 for j in jobs)
+    assert demand / (span * w.gpus) == pytest.approx(w.load, rel=0.08)
+    assert arrival_rate(w) > 0
+
+
+def small_run(seed: int = 0):
+    w = dataclasses.replace(PRESETS["paper-math"], gpus=512, steps_min=3, steps_max=6)
+    plans = plan_all(w, generate_jobs(w, 12, seed))
+    return w, plans, {m: run_mode(m, w, plans) for m in MODES}
+
+
+def test_every_mode_completes_every_job_and_shared_modes_bill_near_the_floor():
+    w, plans, results = small_run()
+    floor = sum(p.work_floor_device_s() for p in plans)
+    for mode, r in results.items():
+        assert set(r.finish) == {p.job.id for p in plans}, mode
+        s = summarise(r, plans, w.gpus)
+        assert s["device_hours"] * 3600 >= floor * (1 - 1e-9), mode  # nobody beats the floor
+    for mode in ("plexrl", "plexrl_backfill"):
+        billed = device_seconds(results[mode].usage)
+        assert billed == pytest.approx(floor + results[mode].switch_device_s, rel=1e-9)
+    assert device_seconds(results["plexrl"].usage) < device_seconds(results["async_split"].usage)
+
+
+def test_same_seed_same_report_and_another_seed_differs():
+    def digest(seed):
+        _, plans, results = small_run(seed)
+        return json.dumps({m: summarise(r, plans, 512) | {"wall_seconds": 0, "events_per_s": 0}
+                           for m, r in results.items()}, sort_keys=True)
+
+    assert digest(0) == digest(0)
+    assert digest(0) != digest(1)
+
+
+def test_assign_wpgs_takes_the_least_loaded_and_refuses_overload():
+    assert assign_wpgs([0.5, 0.0, 0.2], [0.3, 0.1], 2, 0.4, 0.5, limit=1.0) == ((1, 2), 1)
+    assert assign_wpgs([0.7, 0.7], [0.0], 1, 0.4, 0.1, limit=1.0) is None
+    assert assign_wpgs([0.0], [0.0], 2, 0.1, 0.1) is None  # fewer WPGs than replicas
+
+
+# --- user input ------------------------------------------------------------------------------------
+
+
+def test_csv_trace_loads_and_names_the_bad_line(tmp_path):
+    w = PRESETS["paper-math"]
+    good = tmp_path / "jobs.csv"
+    good.write_text("job,class,arrival_s,steps,seed\nb,32B,10,120,3\na,7B,0,100,1\n")
+    jobs = load_jobs_csv(good, w)
+    assert [(j.id, j.cls, j.arrival, j.steps, j.seed) for j in jobs] == [("a", "7B", 0.0, 100, 1),
+                                                                         ("b", "32B", 10.0, 120, 3)]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("job,class,arrival_s,steps\na,7B,0,100\nb,13B,0,100\n")
+    with pytest.raises(ValueError, match=r"bad.csv:3: class '13B'"):
+        load_jobs_csv(bad, w)
+    bad.write_text("job,class,steps\na,7B,100\n")
+    with pytest.raises(ValueError, match="missing column"):
+        load_jobs_csv(bad, w)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--workload", "nope"], "unknown preset 'nope'"),
+    (["--jobs", "0"], "--jobs: must be >= 1"),
+    (["--gpus", "100"], "multiple of a node group"),
+    (["--set", "bogus=1"], "expected PARAM=VALUE"),
+    (["--set", "load=high"], "not a valid float"),
+    (["--modes", "plexrl,nope"], "unknown mode(s) nope"),
+    (["--plot", "out.pdf"], "must end in .png or .svg"),
+    (["--from-bench", "/nonexistent.json"], "--from-bench"),
+])
+def test_cli_bad_input_is_one_line_and_status_2(argv, message):
+    p = subprocess.run([sys.executable, "-m", "plexrl", "sim", *argv], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2
+    assert message in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in p.stderr
+
+
+def test_cli_runs_a_small_cluster_with_json_and_a_plot(tmp_path):
+    plot = tmp_path / "sim.png"
+    p = subprocess.run([sys.executable, "-m", "plexrl", "sim", "--gpus", "512", "--jobs", "6", "--set", "steps_min=2",
+                        "--set", "steps_max=3", "--json", "--plot", str(plot)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert set(report["modes"]) == set(MODES)
+    for mode in MODES:
+        assert {"device_hours", "total_completion_s", "actual_over_peak", "wall_seconds"} <= set(report["modes"][mode])
+    assert report["work_floor_device_hours"] > 0
+    assert report["sim_wall_seconds"] > 0
+    assert report["parameters"]["steps_max"] == 3
+    assert report["parameters"]["gpus"] == 512
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
