@@ -164,6 +164,8 @@ class Scheduler:
         self._next_seq: dict[tuple[str, str], int] = {}
         self._pending: dict[tuple[str, str], dict[int, int]] = {}  # stream -> {seq: call id}
         self._ready: dict[tuple[str, str], int] = {}  # stream -> its next call's id, while that one is queued
+        self._marks = 0  # how many of those are step marks
+        self._free: set[str] = set()  # WPGs running nothing
         self._next_id = 1
         self.aligner = Aligner(profile_steps=self.policy.profile_steps, max_delay_s=self.policy.max_start_delay_s,
                                offset_steps=self.policy.offset_steps)
@@ -174,6 +176,7 @@ class Scheduler:
         """``kind``: which phases the WPG runs ("rollout", "train" or "both"), for alignment."""
         if name not in self.wpgs:
             self.wpgs[name] = Wpg(name, devices, capacity)
+            self._free.add(name)
             self.aligner.add_wpg(kind)
 
     def submit(self, job: str, role: str, fn: str, wpgs: tuple[str, ...] | list[str], now: float,
@@ -200,7 +203,7 @@ class Scheduler:
         self._pending[key] = pending  # only now: a rejected call must not leave an empty entry
         pending[seq] = call.id
         if seq == first:
-            self._ready[key] = call.id
+            self._make_ready(call)
         return call
 
     def complete(self, call_id: int, now: float, *, exec_s: float | None = None,
@@ -218,6 +221,7 @@ class Scheduler:
         for name in call.wpgs:
             wpg = self.wpgs[name]
             wpg.running = None
+            self._free.add(name)
             records.append(UsageRecord(job=call.job, role=call.role, fn=call.fn, wpg=name, devices=wpg.devices,
                                        start=dispatch.at, end=now, setup_s=setup_s, exec_s=exec_s, call=call_id,
                                        tenant=call.tenant))
@@ -256,7 +260,7 @@ class Scheduler:
 
     def _take_marks(self, now: float) -> None:
         """Consume the step marks at the head of their streams: each starts the job's next step."""
-        while marks := sorted((c for c in self.eligible() if c.fn == STEP), key=lambda c: c.id):
+        while self._marks and (marks := sorted((c for c in self.eligible() if c.fn == STEP), key=lambda c: c.id)):
             for call in marks:
                 self._take(call)
                 self._retire(call)
@@ -270,6 +274,12 @@ class Scheduler:
         """``call`` leaves the queue (it starts, or it is a mark consumed)."""
         del self.queue[call.id]
         del self._ready[call.stream]
+        self._marks -= call.fn == STEP
+
+    def _make_ready(self, call: Call) -> None:
+        """``call`` is queued and the next of its stream."""
+        self._ready[call.stream] = call.id
+        self._marks += call.fn == STEP
 
     def _retire(self, call: Call) -> None:
         """``call`` is done: the next call of its stream may start."""
@@ -279,7 +289,7 @@ class Scheduler:
         if not pending:
             del self._pending[call.stream]
         elif (nxt := pending.get(call.seq + 1)) is not None:
-            self._ready[call.stream] = nxt  # submitted already (out of order), queued since
+            self._make_ready(self.queue[nxt])  # submitted already (out of order), queued since
 
     def next_wakeup(self, now: float) -> float | None:
         """When a held-back job's next call may start (None: nothing is held back)."""
@@ -297,38 +307,37 @@ class Scheduler:
         return hrrs_ratio(now - call.submitted, self.estimates.get(call.job, call.fn), setup,
                           self.weights.get(call.tenant, 1.0))
 
-    def _order(self, calls: list[Call], now: float,
-               setups: dict[int, tuple[float, tuple[str, ...]]] | None = None) -> list[Call]:
-        """``calls`` best first; ``setups``: their setup estimates, when already computed."""
-        setups = setups if setups is not None else {c.id: self.setup_estimate(c) for c in calls}
-
-        def key(call: Call):
-            overdue = now - call.submitted >= self.policy.max_wait_s
-            if overdue:
-                return (0, call.submitted, call.id)
-            setup, switches = setups[call.id]
-            ratio = hrrs_ratio(now - call.submitted, self.estimates.get(call.job, call.fn), setup,
-                               self.weights.get(call.tenant, 1.0))
-            return (1, -ratio, len(switches), call.id)
-
-        return sorted(calls, key=key)
+    def _key(self, call: Call, now: float, setup: tuple[float, tuple[str, ...]]) -> tuple:
+        """Sort key, best first: overdue calls oldest first, then the highest ratio, then fewer
+        switches, then the older call."""
+        if now - call.submitted >= self.policy.max_wait_s:
+            return (0, call.submitted, call.id)
+        seconds, switches = setup
+        ratio = hrrs_ratio(now - call.submitted, self.estimates.get(call.job, call.fn), seconds,
+                           self.weights.get(call.tenant, 1.0))
+        return (1, -ratio, len(switches), call.id)
 
     # -- the decision ---------------------------------------------------------------------------
     def decide(self, now: float) -> list[Dispatch | Prefetch]:
         """Start every call that can start now, best first; then one prefetch hint per WPG that
-        just got work, for its next likely call."""
+        just got work, for its next likely call.
+
+        Only calls whose WPGs are all free, and overdue calls (which hold the WPGs they wait for),
+        can change what starts; the others are not ranked at all (the decisions are the same as
+        ranking every eligible call and skipping those that cannot start)."""
         decisions: list[Dispatch | Prefetch] = []
         held: set[str] = set()  # WPGs kept free for an overdue call that waits for others
         self._take_marks(now)
-        if all(w.running is not None for w in self.wpgs.values()):
+        free = set(self._free)
+        if not free:
             return decisions  # nothing can start (and nothing started, so no hint is due)
         eligible = self.eligible(now)
-        setups = {c.id: self.setup_estimate(c) for c in eligible}
-        ordered = self._order(eligible, now, setups)
+        overdue = now - self.policy.max_wait_s
+        candidates = [c for c in eligible if c.submitted <= overdue or all(w in free for w in c.wpgs)]
+        setups = {c.id: self.setup_estimate(c) for c in candidates}
         started: list[str] = []
-        for call in ordered:
-            free = all(self.wpgs[w].running is None and w not in held for w in call.wpgs)
-            if not free:
+        for call in sorted(candidates, key=lambda c: self._key(c, now, setups[c.id])):
+            if not all(self.wpgs[w].running is None and w not in held for w in call.wpgs):
                 if now - call.submitted >= self.policy.max_wait_s:
                     held.update(call.wpgs)
                 continue
@@ -336,16 +345,23 @@ class Scheduler:
             for w in call.wpgs:
                 self.wpgs[w].running = call.id
                 self.wpgs[w].touch(call.deployment)
+                self._free.discard(w)
             self._take(call)
             dispatch = Dispatch(call, now, setup, switches)
             self.running[call.id] = dispatch
             decisions.append(dispatch)
             started.extend(call.wpgs)
         if started:
-            waiting = [c for c in ordered if c.id in self.queue]
+            by_wpg: dict[str, list[Call]] = {}
+            for c in eligible:
+                if c.id in self.queue:
+                    by_wpg.setdefault(c.wpgs[0], []).append(c)
             for name in started:
-                nxt = next((c for c in waiting if c.wpgs[0] == name), None)
-                if nxt is not None and not self.wpgs[name].is_resident(nxt.deployment):
+                waiting = by_wpg.get(name)
+                if not waiting:
+                    continue
+                nxt = min(waiting, key=lambda c: self._key(c, now, self.setup_estimate(c)))
+                if not self.wpgs[name].is_resident(nxt.deployment):
                     decisions.append(Prefetch(name, nxt.deployment))
         return decisions
 

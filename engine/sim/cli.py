@@ -82,21 +82,18 @@ def cmd_sim(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     from tqdm import tqdm
 
-    bar = tqdm(total=len(modes), desc="sim", unit="mode", disable=not _is_tty())
+    bar = tqdm(total=len(modes) * len(jobs), desc="sim", unit="job", disable=not _is_tty())
 
-    started: list[str] = []
-
-    def step(mode: str) -> None:  # a mode starts: the one before it is done
-        if started:
+    def progress(mode: str | None) -> None:  # a mode starts, or one of its jobs completes
+        if mode is None:
             bar.update(1)
-        started.append(mode)
-        bar.set_postfix_str(mode)
+        else:
+            bar.set_postfix_str(mode)
 
     try:
-        report = simulate(w, jobs, modes=modes, progress=step)
+        report = simulate(w, jobs, modes=modes, progress=progress)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    bar.update(1)
     bar.close()
     report["seed"] = args.seed
     report["trace"] = str(args.trace) if args.trace else None

@@ -6,7 +6,8 @@ Only what the isolated runs (a) measured is used: each job's spec (steps), its c
 ``max_resident`` job states, every job arriving at once, the scheduler core with the live engine's
 default policy. What (b) measured (device-seconds, makespan) is read only to compare.
 
-A job's step, as the GRPO driver makes it: its generate calls (turns and evaluations) on the
+A job's step, as the GRPO driver makes it (after, at its start, ``create`` on each side a role
+has): its generate calls (turns and evaluations) on the
 rollout WPG, then host time (reward, tool stalls: no WPG), then its log-prob passes, its
 forward_backward / optim_step pairs on the train WPG, then ``sync_weights`` on both WPGs at once.
 Counts per step are the run's counts spread evenly over its steps; each call holds its WPG for the
@@ -46,10 +47,16 @@ def bench_job(entry: dict[str, Any], switch_s: float) -> SimJob:
     gen = [k for k in calls if split(k)[1] in ROLLOUT_FNS]
     train = sorted((k for k in calls if split(k)[1] in ORDER), key=lambda k: (ORDER.index(split(k)[1]), k))
     sync = [k for k in calls if split(k)[1] == "sync_weights"]
+    create = [k for k in calls if split(k)[1] == "create"]
     roles = {split(k)[0] for k in calls}
 
     def stages(k: int) -> list[Stage]:
         out: list[Stage] = []
+        if k == 0:  # a role's first call makes it resident on each side it has: train first
+            for key in create:
+                role, fn = split(key)
+                out.extend((CallSpec(fn, target, mean[key], role=role),)
+                           for target in ("train", "rollout")[:calls[key]["count"]])
 
         def add(key: str, target: str) -> None:
             role, fn = split(key)

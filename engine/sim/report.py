@@ -29,14 +29,15 @@ UTILISATION_BINS = 100
 
 
 def simulate(w: Workload, jobs: list[Job], *, modes: Sequence[str] = MODES,
-             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+             progress: Callable[[str | None], None] | None = None) -> dict[str, Any]:
+    """``progress(mode)`` as each mode starts, ``progress(None)`` as each job completes in it."""
     t0 = time.perf_counter()
     plans = plan_all(w, jobs)
     results: dict[str, ModeResult] = {}
     for mode in modes:
         if progress:
             progress(mode)
-        results[mode] = run_mode(mode, w, plans)
+        results[mode] = run_mode(mode, w, plans, on_done=(lambda: progress(None)) if progress else None)
     floor = sum(p.work_floor_device_s() for p in plans)
     out: dict[str, Any] = {
         "workload": w.name,

@@ -163,7 +163,8 @@ def _colocated_timeline(w: Workload, p: StepPlan, t0: float, busy: Busy) -> floa
     return float(t0 + step.sum())
 
 
-def run_dedicated(mode: str, w: Workload, plans: list[StepPlan]) -> ModeResult:
+def run_dedicated(mode: str, w: Workload, plans: list[StepPlan], *,
+                  on_done: Callable[[], None] | None = None) -> ModeResult:
     """First come, first served: a job starts when every job before it has started and its whole
     reservation is free."""
     busy = Busy()
@@ -190,6 +191,8 @@ def run_dedicated(mode: str, w: Workload, plans: list[StepPlan]) -> ModeResult:
         free -= need
         heapq.heappush(releases, (end, i, need))
         start[p.job.id], finish[p.job.id] = now, end
+        if on_done:
+            on_done()
         usage.append(UsageRecord(job=p.job.id, role="reservation", fn=mode, wpg=f"{p.job.id}/{mode}",
                                  devices=need, start=now, end=end))
     return ModeResult(mode, usage, finish, start, busy, events=2 * len(plans))
@@ -362,7 +365,7 @@ def sim_policy(w: Workload) -> Policy:
 
 
 def run_pools(mode: str, pools: list[Pool], jobs: list[SimJob], *, admit_load: float = float("inf"),
-              spread: bool = False) -> ModeResult:
+              spread: bool = False, on_done: Callable[[], None] | None = None) -> ModeResult:
     """Run ``jobs`` on shared ``pools``: each arrives, waits until a pool of its class admits it
     (its declared demand keeps every WPG's load within ``admit_load``), then runs its steps' calls
     through the pool's scheduler core. ``spread``: admit into the pool that stays least loaded and
@@ -468,6 +471,8 @@ def run_pools(mode: str, pools: list[Pool], jobs: list[SimJob], *, admit_load: f
         r.pool.scheduler.forget(r.job.id)
         del running[r.job.id]
         finish[r.job.id] = now
+        if on_done:
+            on_done()
         return [r.pool, *admit(now)]
 
     def decide(pool: Pool, now: float) -> None:
@@ -520,10 +525,11 @@ def run_pools(mode: str, pools: list[Pool], jobs: list[SimJob], *, admit_load: f
     return ModeResult(mode, usage, finish, start, busy, switches=switches, switch_device_s=switch_ds, events=events)
 
 
-def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admit_load: float = 1.25) -> ModeResult:
+def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admit_load: float = 1.25,
+               on_done: Callable[[], None] | None = None) -> ModeResult:
     pools = build_pools(w, sim_policy(w))
     result = run_pools(mode, pools, [workload_job(w, p) for p in plans], admit_load=admit_load,
-                       spread=mode == "plexrl_backfill")
+                       spread=mode == "plexrl_backfill", on_done=on_done)
     counts: dict[str, int] = defaultdict(int)
     for pool in pools:
         counts[pool.cls] += 1
@@ -532,9 +538,10 @@ def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admit_load: flo
 
 
 def run_mode(mode: str, w: Workload, plans: list[StepPlan], **kwargs: Any) -> ModeResult:
+    """Run one mode; ``on_done=f`` calls ``f()`` as each job completes (progress bars)."""
     t0 = time.perf_counter()
     if mode in ("isolated_split", "async_split", "colocated"):
-        result = run_dedicated(mode, w, plans)
+        result = run_dedicated(mode, w, plans, **kwargs)
     elif mode in ("plexrl", "plexrl_backfill"):
         result = run_shared(mode, w, plans, **kwargs)
     else:

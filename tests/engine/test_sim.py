@@ -265,3 +265,30 @@ def test_cli_runs_a_small_cluster_with_json_and_a_plot(tmp_path):
     assert report["parameters"]["steps_max"] == 3
     assert report["parameters"]["gpus"] == 512
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# --- predicting a live bench ----------------------------------------------------------------------
+
+BENCH = Path(__file__).parent / "data" / "bench_mux_4x10.json"  # `plexrl bench mux --jobs 4 --steps 10 --json`
+
+
+def test_from_bench_predicts_the_live_shared_run_within_15_percent():
+    from engine.sim.from_bench import load, predict
+
+    bench = load(BENCH)
+    result = predict(bench)
+    assert result["jobs"] == 4
+    assert result["measured"]["shared_device_seconds"] == bench["shared_device_seconds"]
+    for key in ("shared_device_seconds", "makespan_s"):
+        assert abs(result["error"][key]) <= 0.15, (key, result)
+
+
+def test_from_bench_uses_only_the_isolated_runs():
+    from engine.sim.from_bench import load, predict
+
+    bench = load(BENCH)
+    blind = {k: v for k, v in bench.items() if k not in ("shared_device_seconds", "makespan_s", "switches")}
+    blind["per_job"] = [{k: v for k, v in e.items() if k in ("job", "spec", "calls", "exec_s", "dedicated_wall_s")}
+                        for e in bench["per_job"]]
+    blind |= {"shared_device_seconds": 1.0, "makespan_s": 1.0}  # what (b) measured: only compared against
+    assert predict(blind)["predicted"] == predict(bench)["predicted"]
