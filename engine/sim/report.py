@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.sim.simulate import MODES, ModeResult, run_mode, summarise
+from engine.sim.simulate import MODES, Busy, ModeResult, run_mode, summarise
 from engine.sim.workload import Job, Workload, plan_all
 
 # The paper's figures the report sits beside (WORKLOADS.md, "The paper's own setting").
@@ -76,13 +76,21 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def utilisation(results: dict[str, ModeResult], gpus: int) -> dict[str, Any]:
-    """Fraction of the cluster's devices computing, per mode, in equal bins from 0 to the last
+    """Fractions of the cluster's devices computing (``computing``) and billed (``billed``: held
+    by reservations, or by the calls of shared modes), per mode, in equal bins from 0 to the last
     completion of any mode."""
     end = max(max(r.finish.values()) for r in results.values())
     edges = np.linspace(0.0, end, UTILISATION_BINS + 1)
-    width = edges[1] - edges[0]
+    scale = gpus * (edges[1] - edges[0])
+    billed = {}
+    for m, r in results.items():
+        held = Busy()
+        for u in r.usage:
+            held.add(u.start, u.end, u.devices)
+        billed[m] = (held.series(edges) / scale).round(4).tolist()
     return {"bin_edges_s": edges.tolist(),
-            **{m: (r.busy.series(edges) / (gpus * width)).round(4).tolist() for m, r in results.items()}}
+            "computing": {m: (r.busy.series(edges) / scale).round(4).tolist() for m, r in results.items()},
+            "billed": billed}
 
 
 def table(report: dict[str, Any]) -> str:
@@ -128,13 +136,17 @@ def plot(report: dict[str, Any], path: Path) -> None:
     mids = (edges[:-1] + edges[1:]) / 2 / per
     modes = list(report["modes"])
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [3, 2]})
-    for mode in modes:
-        left.plot(mids, 100 * np.asarray(u[mode]), label=mode, linewidth=1.2)
+    for i, mode in enumerate(modes):
+        color = f"C{i}"
+        left.plot(mids, 100 * np.asarray(u["computing"][mode]), color=color, label=f"{mode} computing",
+                  linewidth=1.2)
+        left.plot(mids, 100 * np.asarray(u["billed"][mode]), color=color, linestyle="--", linewidth=0.8,
+                  label=f"{mode} billed")
     left.set_xlabel(f"simulated time ({unit})")
-    left.set_ylabel("devices computing (% of cluster)")
+    left.set_ylabel("% of the cluster's devices")
     left.set_title(f"{report['workload']}: {report['jobs']} jobs on {report['gpus']} GPUs")
     left.set_ylim(0, 100)
-    left.legend(fontsize=8)
+    left.legend(fontsize=6, ncol=2)
     hours = [report["modes"][m]["device_hours"] for m in modes]
     bars = right.barh(modes, hours, color="#7a9cc6")
     right.axvline(report["work_floor_device_hours"], color="k", linestyle="--", linewidth=1, label="work floor")

@@ -258,6 +258,7 @@ def test_cli_runs_a_small_cluster_with_json_and_a_plot(tmp_path):
     assert p.returncode == 0, p.stderr
     report = json.loads(p.stdout)
     assert set(report["modes"]) == set(MODES)
+    assert set(report["utilisation"]["billed"]) == set(MODES)
     for mode in MODES:
         assert {"device_hours", "total_completion_s", "actual_over_peak", "wall_seconds"} <= set(report["modes"][mode])
     assert report["work_floor_device_hours"] > 0
