@@ -26,6 +26,12 @@ class JobDriver:
         self.events = EventLog(Path(events_path))
         self.client = Client(Router(groups), self.events)
 
+    def note(self, kind: str, data: dict[str, Any]) -> int:
+        """Append an event the engine service asks for (pause, resume) while ``run`` goes on: the
+        driver stays the log's only writer. Needs the actor to run two calls at once
+        (``max_concurrency=2``); the log serialises the appends."""
+        return self.events.append(kind, data, durable=True)
+
     def run(self) -> dict[str, Any]:
         from engine.rl import grpo
 

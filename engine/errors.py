@@ -15,6 +15,9 @@ class SpecError(EngineError, ValueError):
         self.field = field
         self.message = message
 
+    def __reduce__(self):  # survives pickling (a Ray actor raising it to its caller)
+        return type(self), (self.field, self.message)
+
 
 class ModelNotFound(EngineError):
     """A model preset or directory does not exist or is not a usable Hugging Face model."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,16 +22,18 @@ class EventLog:
         last = read_events(self.path)
         self.seq = last[-1]["seq"] if last else 0
         self._file = self.path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()  # a driver's loop and the service's notes append from two threads
 
     def append(self, kind: str, data: dict[str, Any], *, durable: bool = False) -> int:
         """Append one event; ``durable`` fsyncs (used at every step boundary)."""
-        self.seq += 1
-        line = json.dumps({"seq": self.seq, "kind": kind, "ts": time.time(), "data": data})
-        self._file.write(line + "\n")
-        self._file.flush()
-        if durable:
-            os.fsync(self._file.fileno())
-        return self.seq
+        with self._lock:
+            self.seq += 1
+            line = json.dumps({"seq": self.seq, "kind": kind, "ts": time.time(), "data": data})
+            self._file.write(line + "\n")
+            self._file.flush()
+            if durable:
+                os.fsync(self._file.fileno())
+            return self.seq
 
     def close(self) -> None:
         self._file.close()

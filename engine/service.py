@@ -1,0 +1,291 @@
+"""The engine's service API (DESIGN section 3b): what the platform calls, and nothing Ray-shaped.
+
+``EngineClient`` is the only engine object the platform (its Celery tasks) holds:
+
+    client = EngineClient()                 # joins RAY_ADDRESS, or starts a local Ray
+    client.submit_job("job-42", spec)       # idempotent by job id: a redelivered task starts nothing
+    client.events("job-42", after_seq=17)   # the job's event log, by cursor
+    client.pause("job-42"); client.resume("job-42"); client.cancel("job-42", reason="...")
+    client.status("job-42"); client.cluster_snapshot(); client.estimate(spec)
+
+Behind it, one detached, named Ray actor (``EngineService``) owns the shared worker groups (started
+on first use, one per side and backend: jobs share them and the scheduler time-slices them) and the
+jobs' drivers. A driver runs the algorithm loop as a Ray actor of its own, never inside the caller's
+process: a Celery redelivery or a worker restart neither re-runs nor kills training.
+
+Job state lives in the job's event log (``state`` events: queued, running, paused, succeeded,
+failed, cancelled). One writer at a time: the service writes ``queued`` before the driver exists and
+``cancelled`` / ``failed`` after it is gone; while the driver runs, it writes everything, including
+the pause and resume the service asks it to record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from engine.eventlog import EventLog, read_events
+from engine.paths import plexrl_home
+from engine.spec import JobSpec
+
+SERVICE_NAME = "plexrl-engine"
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+MAX_EVENTS = 10_000  # per events() call
+
+
+class UnknownJob(KeyError):
+    """No job with that id was ever submitted to this engine."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The shared worker groups the service starts: one per side (rollout, train) and backend."""
+
+    devices_per_group: float = 1.0  # device slots each group's rank holds
+    threads: int = 1  # torch threads per rank (fixed: results must not depend on load)
+    max_resident: int = 2  # job states a group holds at once; others wait on the host
+
+
+def events_path(data_dir: Path, job_id: str) -> Path:
+    return Path(data_dir) / "jobs" / job_id / "events.jsonl"
+
+
+def job_state(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The latest ``state`` event's data (``{"state": ..., "reason": ...}``), or ``{}``."""
+    state: dict[str, Any] = {}
+    for e in events:
+        if e["kind"] == "state":
+            state = dict(e["data"], seq=e["seq"], ts=e["ts"])
+    return state
+
+
+def _check_job_id(job_id: str) -> str:
+    if not isinstance(job_id, str) or not job_id or len(job_id) > 100 or not all(
+            c.isalnum() or c in "-_." for c in job_id) or job_id.startswith("."):
+        raise ValueError(f"job id must be 1-100 letters, digits, '-', '_' or '.', got {job_id!r}")
+    return job_id
+
+
+@ray.remote(num_cpus=0, max_concurrency=8)
+class EngineService:
+    def __init__(self, data_dir: str, config: dict[str, Any]):
+        self.data_dir = Path(data_dir)
+        self.config = ServiceConfig(**config)
+        self.groups: dict[tuple[str, str, int], Any] = {}  # (side, backend, ranks) -> WorkerGroup
+        self.drivers: dict[str, Any] = {}  # job id -> driver actor, while it runs
+        self.runs: dict[str, Any] = {}  # job id -> ObjectRef of its run()
+        self.cancelling: set[str] = set()
+        self.lock = threading.Lock()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    # -- worker groups ----------------------------------------------------------------------------
+    def _groups_for(self, spec: JobSpec) -> list[Any]:
+        from engine.scheduler.placement import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
+        from engine.workers.group import Swapping, WorkerGroup
+
+        wanted = [("train", spec.trainer, spec.tp, TRAIN_FUNCTIONS), ("rollout", spec.rollout, 1, ROLLOUT_FUNCTIONS)]
+        out = []
+        for side, kind, ranks, serves in wanted:
+            key = (side, kind, ranks)
+            if key not in self.groups:
+                self.groups[key] = WorkerGroup.start(
+                    f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else ""), kind, world_size=ranks,
+                    threads=self.config.threads, data_dir=self.data_dir,
+                    devices_per_rank=self.config.devices_per_group / ranks,
+                    swapping=Swapping(max_resident=self.config.max_resident), serves=serves)
+            out.append(self.groups[key])
+        return out
+
+    # -- the service API ----------------------------------------------------------------------------
+    def submit_job(self, job_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+        from engine.driver import JobDriver
+
+        job_id = _check_job_id(job_id)
+        parsed = JobSpec.from_dict(spec)
+        path = events_path(self.data_dir, job_id)
+        with self.lock:
+            if job_id in self.drivers or path.exists():
+                return self.status(job_id)  # submitted before: never a second driver
+            groups = self._groups_for(parsed)
+            log = EventLog(path)
+            log.append("state", {"state": "queued"}, durable=True)
+            log.append("spec", parsed.to_dict(), durable=True)
+            log.close()
+            driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2).remote(
+                job_id, parsed, groups, str(path), self.config.threads)
+            self.drivers[job_id] = driver
+            self.runs[job_id] = driver.run.remote()
+        return self.status(job_id)
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        path = events_path(self.data_dir, job_id)
+        if not path.exists():
+            raise UnknownJob(job_id)
+        events = read_events(path)
+        return {"job": job_id, **job_state(events), "last_seq": events[-1]["seq"] if events else 0,
+                "active": job_id in self.drivers}
+
+    def events(self, job_id: str, after_seq: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        path = events_path(self.data_dir, job_id)
+        if not path.exists():
+            raise UnknownJob(job_id)
+        return read_events(path, after_seq=after_seq, limit=max(1, min(limit, MAX_EVENTS)))
+
+    def pause(self, job_id: str) -> dict[str, Any]:
+        return self._set_paused(job_id, True)
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return self._set_paused(job_id, False)
+
+    def _set_paused(self, job_id: str, paused: bool) -> dict[str, Any]:
+        from engine.scheduler.service import scheduler_service
+
+        with self.lock:
+            driver = self.drivers.get(job_id)
+            if driver is None:
+                return self.status(job_id)  # not running here (finished, or unknown: raises)
+            current = self.status(job_id).get("state")
+            if (current == "paused") == paused:
+                return self.status(job_id)
+            scheduler = scheduler_service()
+            # queued calls stay queued while paused (never dropped); the running one finishes
+            ray.get((scheduler.pause if paused else scheduler.resume).remote(job_id))
+            ray.get(driver.note.remote("state", {"state": "paused" if paused else "running"}))
+        return self.status(job_id)
+
+    def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        with self.lock:
+            driver = self.drivers.get(job_id)
+            if driver is None:
+                return self.status(job_id)
+            self.cancelling.add(job_id)
+            ref = self.runs[job_id]
+        ray.kill(driver, no_restart=True)
+        with contextlib.suppress(Exception):  # it died, which is the point
+            ray.get(ref, timeout=60)
+        self._finish(job_id, {"state": "cancelled", "reason": reason or "cancelled"})
+        return self.status(job_id)
+
+    def cluster_snapshot(self) -> dict[str, Any]:
+        from engine.scheduler.service import scheduler_service
+
+        stats = ray.get(scheduler_service().stats.remote()) if self.groups else {}
+        return {
+            "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
+                        "devices": self.config.devices_per_group, "max_resident": self.config.max_resident}
+                       for (side, kind, ranks), g in sorted(self.groups.items())],
+            "jobs": {job: self.status(job).get("state") for job in sorted(self.drivers)},
+            "scheduler": stats,
+        }
+
+    def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """What a job would hold on a dedicated deployment: the devices of its groups (the counterfactual
+        billing compares with), and how many calls a step makes to each side."""
+        parsed = JobSpec.from_dict(spec)
+        g = parsed.grpo
+        return {"dedicated_devices": self.config.devices_per_group * 2, "steps": parsed.steps,
+                "samples_per_step": g.prompts_per_step * g.samples_per_prompt,
+                "train_calls_per_step": 2 * g.updates_per_step + int(g.recompute_logprobs) + int(g.kl_coef > 0)}
+
+    def shutdown(self) -> None:
+        for job in list(self.drivers):
+            self.cancel(job, reason="engine shut down")
+        for g in self.groups.values():
+            g.shutdown()
+        self.groups.clear()
+
+    # -- supervision --------------------------------------------------------------------------------
+    def _finish(self, job_id: str, terminal: dict[str, Any] | None) -> None:
+        """The driver is gone: forget it; write ``terminal`` unless the log already ends the job."""
+        with self.lock:
+            self.drivers.pop(job_id, None)
+            self.runs.pop(job_id, None)
+            self.cancelling.discard(job_id)
+            path = events_path(self.data_dir, job_id)
+            if terminal is not None and job_state(read_events(path)).get("state") not in TERMINAL:
+                log = EventLog(path)
+                log.append("state", terminal, durable=True)
+                log.close()
+
+    def _watch(self) -> None:
+        """Notice drivers that end: success and failure are logged by the driver itself; a driver that
+        died (killed, out of memory, its node lost) is logged here as failed."""
+        while True:
+            with self.lock:
+                pending = {ref: job for job, ref in self.runs.items() if job not in self.cancelling}
+            if not pending:
+                time.sleep(0.2)
+                continue
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            for ref in ready:
+                job = pending[ref]
+                try:
+                    ray.get(ref)
+                    self._finish(job, None)
+                except Exception as exc:  # any way a driver ends badly is a failed job
+                    if job not in self.cancelling:
+                        self._finish(job, {"state": "failed", "reason": f"driver ended: {type(exc).__name__}"})
+
+
+class EngineClient:
+    """The platform's handle on the engine; every method is one short remote call."""
+
+    def __init__(self, *, address: str | None = None, data_dir: Path | None = None,
+                 config: ServiceConfig | None = None, timeout_s: float = 120.0):
+        from engine.runtime import EngineConfig, start_ray
+
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, namespace="plexrl", log_to_driver=False)
+            else:
+                start_ray(EngineConfig())
+        self.data_dir = Path(data_dir) if data_dir else plexrl_home()
+        self.timeout_s = timeout_s
+        self.actor = EngineService.options(name=SERVICE_NAME, lifetime="detached", get_if_exists=True).remote(
+            str(self.data_dir), asdict(config or ServiceConfig()))
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return ray.get(getattr(self.actor, method).remote(*args), timeout=self.timeout_s)
+        except ray.exceptions.RayTaskError as exc:
+            raise exc.as_instanceof_cause() from None
+
+    def submit_job(self, job_id: str, spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
+        """Validated here first (SpecError naming the field, ValueError for the id): bad input never
+        reaches the engine."""
+        parsed = spec if isinstance(spec, JobSpec) else JobSpec.from_dict(spec)
+        return self._call("submit_job", _check_job_id(job_id), parsed.to_dict())
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        return self._call("status", job_id)
+
+    def events(self, job_id: str, after_seq: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        return self._call("events", job_id, after_seq, limit)
+
+    def pause(self, job_id: str) -> dict[str, Any]:
+        return self._call("pause", job_id)
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return self._call("resume", job_id)
+
+    def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        return self._call("cancel", job_id, reason)
+
+    def cluster_snapshot(self) -> dict[str, Any]:
+        return self._call("cluster_snapshot")
+
+    def estimate(self, spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
+        return self._call("estimate", spec.to_dict() if isinstance(spec, JobSpec) else spec)
+
+    def shutdown(self) -> None:
+        """Stop every job and the service's groups, and the service itself."""
+        self._call("shutdown")
+        ray.kill(self.actor)

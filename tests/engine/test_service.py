@@ -1,0 +1,130 @@
+"""The engine's service API: submit (idempotently), read events by cursor, pause, resume, cancel, and a
+driver that dies is a failed job. Real Ray actors, real worker groups, the tiny preset."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from engine.errors import SpecError
+from engine.rl.grpo import GRPOConfig
+from engine.service import EngineClient, ServiceConfig, UnknownJob, events_path
+from engine.spec import JobSpec
+
+SPEC = JobSpec(task="arith", model="tiny-arith", steps=3, seed=3, rollout="torch", trainer="torch",
+               grpo=GRPOConfig(prompts_per_step=8, samples_per_prompt=4, updates_per_step=2, eval_every=3,
+                               eval_size=10, max_tokens=6))
+
+
+@pytest.fixture(scope="module")
+def engine(ray_engine, plexrl_home, tiny_model_dir):
+    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=0.25, threads=1))
+    yield client
+    client.shutdown()
+
+
+def wait_for(engine: EngineClient, job: str, predicate, timeout: float = 180.0) -> list[dict]:
+    """Read the job's events by cursor until ``predicate(all events so far)`` holds."""
+    seen: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = engine.events(job, after_seq=seen[-1]["seq"] if seen else 0, limit=7)
+        seen += batch
+        if predicate(seen):
+            return seen
+        if not batch:
+            time.sleep(0.1)
+    raise AssertionError(f"{job}: condition not met in {timeout} s; last events {seen[-3:]}")
+
+
+def states(events: list[dict]) -> list[str]:
+    return [e["data"]["state"] for e in events if e["kind"] == "state"]
+
+
+def metrics(events: list[dict]) -> list[dict]:
+    return [e["data"] for e in events if e["kind"] == "metrics"]
+
+
+def finished(events: list[dict]) -> bool:
+    return bool(states(events)) and states(events)[-1] in ("succeeded", "failed", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def plain_run(engine):
+    engine.submit_job("svc-plain", SPEC)
+    return wait_for(engine, "svc-plain", finished)
+
+
+def test_a_submitted_job_runs_to_success_and_its_events_read_by_cursor(plain_run):
+    assert states(plain_run) == ["queued", "running", "succeeded"]
+    assert [e["seq"] for e in plain_run] == list(range(1, len(plain_run) + 1))  # each once, in order
+    assert [m["step"] for m in metrics(plain_run)] == [1, 2, 3]
+    assert any(e["kind"] == "usage" for e in plain_run)
+
+
+def test_submitting_the_same_job_again_starts_nothing(engine, plain_run):
+    status = engine.submit_job("svc-plain", SPEC)
+    assert status["state"] == "succeeded"
+    assert not status["active"]
+    assert engine.events("svc-plain") == plain_run
+
+
+def test_pause_holds_the_job_and_resume_finishes_it_with_the_same_metrics(engine, plain_run):
+    engine.submit_job("svc-paused", SPEC)
+    wait_for(engine, "svc-paused", lambda ev: len(metrics(ev)) >= 1)
+    assert engine.pause("svc-paused")["state"] == "paused"
+    at_pause = len(metrics(engine.events("svc-paused")))
+    time.sleep(3.0)
+    # the call running at the pause finishes; the step it belonged to may log; nothing after that
+    assert len(metrics(engine.events("svc-paused"))) <= at_pause + 1
+    held = engine.events("svc-paused")
+    time.sleep(2.0)
+    assert metrics(engine.events("svc-paused")) == metrics(held)
+    assert engine.resume("svc-paused")["state"] == "running"
+    events = wait_for(engine, "svc-paused", finished)
+    assert states(events)[-1] == "succeeded"
+    assert "paused" in states(events)
+    assert metrics(events) == metrics(plain_run)  # pausing changed nothing the job learned
+
+
+def test_cancel_stops_the_driver_and_the_log_ends_cancelled(engine):
+    engine.submit_job("svc-cancel", dataclasses.replace(SPEC, steps=50))
+    wait_for(engine, "svc-cancel", lambda ev: len(metrics(ev)) >= 1)
+    status = engine.cancel("svc-cancel", reason="user asked")
+    assert status["state"] == "cancelled"
+    assert status["reason"] == "user asked"
+    assert not status["active"]
+    last = engine.events("svc-cancel")
+    time.sleep(2.0)
+    assert engine.events("svc-cancel") == last  # nobody writes after the end
+    assert len(metrics(last)) < 50
+
+
+def test_a_driver_that_dies_is_a_failed_job(engine):
+    import ray
+
+    engine.submit_job("svc-dies", dataclasses.replace(SPEC, steps=50))
+    wait_for(engine, "svc-dies", lambda ev: len(metrics(ev)) >= 1)
+    ray.kill(ray.get_actor("driver:svc-dies", namespace="plexrl"))
+    events = wait_for(engine, "svc-dies", finished, timeout=60)
+    assert states(events)[-1] == "failed"
+    assert "driver ended" in events[-1]["data"]["reason"]
+
+
+def test_bad_input_names_the_field_and_creates_nothing(engine, plexrl_home):
+    with pytest.raises(SpecError, match="steps"):
+        engine.submit_job("svc-bad", SPEC.to_dict() | {"steps": 0})
+    with pytest.raises(ValueError, match="job id"):
+        engine.submit_job("../escape", SPEC)
+    assert not events_path(plexrl_home, "svc-bad").exists()
+    with pytest.raises(UnknownJob):
+        engine.events("svc-never", 0)
+
+
+def test_cluster_snapshot_lists_the_shared_groups(engine, plain_run):
+    snap = engine.cluster_snapshot()
+    assert {(g["side"], g["backend"]) for g in snap["groups"]} >= {("train", "torch"), ("rollout", "torch")}
+    assert "queued" in snap["scheduler"]
+    assert engine.estimate(SPEC)["samples_per_step"] == 32
