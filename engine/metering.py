@@ -25,6 +25,7 @@ class UsageRecord:
     exec_s: float | None = None  # of [start, end], seconds the WPG computed (measured by its ranks)
     call: int = 0  # the scheduler's call id
     tenant: str = ""
+    queued_s: float = 0.0  # before start: seconds it waited, ready to run, for its WPGs (sharing's cost)
 
     @property
     def seconds(self) -> float:

@@ -78,6 +78,7 @@ class Dispatch:
     at: float
     setup_s: float  # estimated switch seconds (0 when the state is resident on every WPG)
     switches: tuple[str, ...]  # WPGs that will swap the deployment in first
+    queued_s: float = 0.0  # how long it waited, ready to run (its stream's earlier calls done), for WPGs
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class Scheduler:
         self._pending: dict[tuple[str, str], dict[int, int]] = {}  # stream -> {seq: call id}
         self._ready: dict[tuple[str, str], int] = {}  # stream -> its next call's id, while that one is queued
         self._marks = 0  # how many of those are step marks
+        self._ready_at: dict[int, float] = {}  # call id -> when it became the next of its stream
         self._free: set[str] = set()  # WPGs running nothing
         self._next_id = 1
         self.aligner = Aligner(profile_steps=self.policy.profile_steps, max_delay_s=self.policy.max_start_delay_s,
@@ -203,7 +205,7 @@ class Scheduler:
         self._pending[key] = pending  # only now: a rejected call must not leave an empty entry
         pending[seq] = call.id
         if seq == first:
-            self._make_ready(call)
+            self._make_ready(call, now)
         return call
 
     def complete(self, call_id: int, now: float, *, exec_s: float | None = None,
@@ -213,7 +215,7 @@ class Scheduler:
         Returns one usage record per WPG the call held."""
         dispatch = self.running.pop(call_id)
         call = dispatch.call
-        self._retire(call)
+        self._retire(call, now)
         if exec_s is not None:
             self.estimates.observe(call.job, call.fn, exec_s)
         self.aligner.record(call.job, call.fn, dispatch.at, now)
@@ -224,7 +226,7 @@ class Scheduler:
             self._free.add(name)
             records.append(UsageRecord(job=call.job, role=call.role, fn=call.fn, wpg=name, devices=wpg.devices,
                                        start=dispatch.at, end=now, setup_s=setup_s, exec_s=exec_s, call=call_id,
-                                       tenant=call.tenant))
+                                       tenant=call.tenant, queued_s=dispatch.queued_s))
         return records
 
     def pause(self, job: str) -> None:
@@ -263,7 +265,7 @@ class Scheduler:
         while self._marks and (marks := sorted((c for c in self.eligible() if c.fn == STEP), key=lambda c: c.id)):
             for call in marks:
                 self._take(call)
-                self._retire(call)
+                self._retire(call, now)
                 delay = self.aligner.boundary(call.job, now)
                 if delay > 0:
                     self.not_before[call.job] = now + delay
@@ -275,13 +277,15 @@ class Scheduler:
         del self.queue[call.id]
         del self._ready[call.stream]
         self._marks -= call.fn == STEP
+        self._ready_at.pop(call.id, None)
 
-    def _make_ready(self, call: Call) -> None:
-        """``call`` is queued and the next of its stream."""
+    def _make_ready(self, call: Call, now: float) -> None:
+        """``call`` is queued and, from ``now``, the next of its stream."""
         self._ready[call.stream] = call.id
         self._marks += call.fn == STEP
+        self._ready_at[call.id] = now
 
-    def _retire(self, call: Call) -> None:
+    def _retire(self, call: Call, now: float) -> None:
         """``call`` is done: the next call of its stream may start."""
         pending = self._pending[call.stream]
         del pending[call.seq]
@@ -289,7 +293,7 @@ class Scheduler:
         if not pending:
             del self._pending[call.stream]
         elif (nxt := pending.get(call.seq + 1)) is not None:
-            self._make_ready(self.queue[nxt])  # submitted already (out of order), queued since
+            self._make_ready(self.queue[nxt], now)  # submitted already (out of order), queued since
 
     def next_wakeup(self, now: float) -> float | None:
         """When a held-back job's next call may start (None: nothing is held back)."""
@@ -342,12 +346,13 @@ class Scheduler:
                     held.update(call.wpgs)
                 continue
             setup, switches = setups[call.id]  # still true: only other, free WPGs were touched
+            queued = now - self._ready_at[call.id]
             for w in call.wpgs:
                 self.wpgs[w].running = call.id
                 self.wpgs[w].touch(call.deployment)
                 self._free.discard(w)
             self._take(call)
-            dispatch = Dispatch(call, now, setup, switches)
+            dispatch = Dispatch(call, now, setup, switches, queued)
             self.running[call.id] = dispatch
             decisions.append(dispatch)
             started.extend(call.wpgs)

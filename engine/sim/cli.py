@@ -24,6 +24,9 @@ def add_sim(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="PARAM=VALUE",
                    help="override a workload parameter (repeatable), e.g. --set samples_per_step=4096")
     p.add_argument("--modes", default=None, help="comma-separated subset of the modes (default: all five)")
+    p.add_argument("--admit-load", type=float, default=None,
+                   help="shared modes: admit jobs while each WPG's declared demand stays within this "
+                        "multiple of its time (default 1.25)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", type=Path, default=None, help="write utilisation over time and the cost table "
                                                           "(.png or .svg)")
@@ -75,6 +78,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
         raise CliError(f"--plot: {args.plot} must end in .png or .svg")
     if args.jobs < 1:
         raise CliError("--jobs: must be >= 1")
+    from engine.sim.simulate import ADMIT_LOAD
+
+    admit = ADMIT_LOAD if args.admit_load is None else args.admit_load
+    if not admit > 0:
+        raise CliError("--admit-load: must be > 0")
     try:
         w = dataclasses.replace(base, **overrides)
         jobs = load_jobs_csv(args.trace, w) if args.trace else generate_jobs(w, args.jobs, args.seed)
@@ -91,7 +99,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             bar.set_postfix_str(mode)
 
     try:
-        report = simulate(w, jobs, modes=modes, progress=progress)
+        report = simulate(w, jobs, modes=modes, admit_load=admit, progress=progress)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     bar.close()

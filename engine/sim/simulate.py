@@ -42,6 +42,7 @@ from engine.scheduler.placement import assign_wpgs
 from engine.sim.workload import ModelClass, StepPlan, Workload
 
 MODES = ("isolated_split", "colocated", "async_split", "plexrl", "plexrl_backfill")
+SHARED_MODES = ("plexrl", "plexrl_backfill")
 ROLE = "policy"
 
 
@@ -525,7 +526,11 @@ def run_pools(mode: str, pools: list[Pool], jobs: list[SimJob], *, admit_load: f
     return ModeResult(mode, usage, finish, start, busy, switches=switches, switch_device_s=switch_ds, events=events)
 
 
-def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admit_load: float = 1.25,
+ADMIT_LOAD = 1.25  # a shared WPG takes jobs until their declared demand is 1.25x its time: each job may
+# run up to ~25 % slower than alone (its phases wait for the others') in exchange for capacity
+
+
+def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admit_load: float = ADMIT_LOAD,
                on_done: Callable[[], None] | None = None) -> ModeResult:
     pools = build_pools(w, sim_policy(w))
     result = run_pools(mode, pools, [workload_job(w, p) for p in plans], admit_load=admit_load,
@@ -542,7 +547,7 @@ def run_mode(mode: str, w: Workload, plans: list[StepPlan], **kwargs: Any) -> Mo
     t0 = time.perf_counter()
     if mode in ("isolated_split", "async_split", "colocated"):
         result = run_dedicated(mode, w, plans, **kwargs)
-    elif mode in ("plexrl", "plexrl_backfill"):
+    elif mode in SHARED_MODES:
         result = run_shared(mode, w, plans, **kwargs)
     else:
         raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")

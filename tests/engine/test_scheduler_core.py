@@ -282,6 +282,22 @@ def test_submit_rejects_bad_wpg_lists():
     assert s.queue == {}
 
 
+def test_queued_time_counts_from_when_a_call_could_run():
+    s = Scheduler(Policy(max_wait_s=FAR))
+    s.add_wpg("w")
+    first = s.submit("a", "actor", "f", ("w",), 0.0, stream="s", seq=0)
+    second = s.submit("a", "actor", "g", ("w",), 1.9, stream="s", seq=1)  # behind its own first call
+    other = s.submit("b", "actor", "f", ("w",), 0.0)
+    assert started(s.decide(0.0)) == [first.id]
+    [done] = s.complete(first.id, 2.0, exec_s=2.0)
+    assert done.queued_s == 0.0
+    assert started(s.decide(2.0)) == [other.id]  # older: goes first; "second" is ready from 2.0
+    s.complete(other.id, 5.0, exec_s=3.0)
+    assert started(s.decide(5.0)) == [second.id]
+    [rec] = s.complete(second.id, 6.0, exec_s=1.0)
+    assert rec.queued_s == 3.0  # waited 2.0 -> 5.0 for the WPG, not 1.9 -> 2.0 for its own stream
+
+
 def test_multi_wpg_call_needs_all_its_wpgs_and_meters_each():
     s = Scheduler(Policy(max_wait_s=FAR))
     s.add_wpg("rollout", devices=4.0)
@@ -303,10 +319,11 @@ def test_multi_wpg_call_needs_all_its_wpgs_and_meters_each():
     assert s.wpgs["rollout"].running == s.wpgs["train"].running == sync.id
     records = s.complete(sync.id, 7.0, exec_s=2.75, setup_s=0.25)
     assert records == [
+        # ready at 1.0, started at 4.0: it queued 3 s for its WPGs
         UsageRecord(job="y", role="actor", fn="sync_weights", wpg="rollout", devices=4.0, start=4.0, end=7.0,
-                    setup_s=0.25, exec_s=2.75, call=sync.id, tenant="t"),
+                    setup_s=0.25, exec_s=2.75, call=sync.id, tenant="t", queued_s=3.0),
         UsageRecord(job="y", role="actor", fn="sync_weights", wpg="train", devices=2.0, start=4.0, end=7.0,
-                    setup_s=0.25, exec_s=2.75, call=sync.id, tenant="t"),
+                    setup_s=0.25, exec_s=2.75, call=sync.id, tenant="t", queued_s=3.0),
     ]
     assert device_seconds(records) == 4.0 * 3 + 2.0 * 3
     assert s.wpgs["rollout"].running is None
@@ -427,7 +444,7 @@ def test_prefetch_hint_for_the_next_call_when_not_resident():
     decisions = s.decide(0.0)
     assert decisions == [Dispatch(a, 0.0, Policy().default_setup_s, ("w",)), Prefetch("w", ("b", "actor"))]
     s.complete(a.id, 1.0)
-    assert s.decide(1.0) == [Dispatch(b, 1.0, Policy().default_setup_s, ("w",))]  # nobody left: no hint
+    assert s.decide(1.0) == [Dispatch(b, 1.0, Policy().default_setup_s, ("w",), queued_s=1.0)]  # no one left: no hint
 
 
 def test_no_prefetch_hint_when_the_next_call_is_resident():
