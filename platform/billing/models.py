@@ -1,1 +1,34 @@
-"""Billing models (usage ledger, period summaries) come with the billing issue."""
+"""The usage ledger: one row per usage record the engine metered (``engine/metering.py``).
+
+Rows arrive with the job's event log, keyed by (job, seq) of the ``usage`` event, so the pull can
+run any number of times without counting anything twice.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class UsageEntry(models.Model):
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.PROTECT, related_name="usage")
+    job = models.ForeignKey("jobs.Job", on_delete=models.PROTECT, related_name="usage")
+    seq = models.BigIntegerField(help_text="The usage event's seq in the job's event log.")
+    call = models.BigIntegerField(help_text="The scheduler's call id.")
+    role = models.CharField(max_length=32)
+    fn = models.CharField(max_length=32)
+    wpg = models.CharField(max_length=100)
+    devices = models.FloatField()
+    start = models.FloatField(help_text="When the call got the WPG (Unix seconds).")
+    end = models.FloatField()
+    setup_s = models.FloatField(default=0.0)
+    exec_s = models.FloatField(null=True, blank=True)
+    queued_s = models.FloatField(default=0.0, help_text="Seconds the call waited for its WPGs.")
+    device_seconds = models.FloatField()
+
+    class Meta:
+        ordering = ("job", "seq")
+        constraints = (models.UniqueConstraint(fields=("job", "seq"), name="usage_unique_event"),)
+        indexes = (models.Index(fields=("organization", "start")),)
+
+    def __str__(self) -> str:
+        return f"{self.job_id}#{self.seq} {self.fn} on {self.wpg}"

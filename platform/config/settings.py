@@ -10,6 +10,8 @@ switches parts to production services. Variables:
 - ``DJANGO_ALLOWED_HOSTS``: comma-separated (default: localhost names in development).
 - ``DATABASE_URL``: e.g. ``postgres://user@host:5432/db``; unset means SQLite.
 - ``REDIS_URL``, ``RAY_ADDRESS``: read here for the channel layer, Celery and the engine client.
+- ``EMAIL_BACKEND``: Django's e-mail backend (default: the console, which prints password-reset
+  mails); ``DEFAULT_FROM_EMAIL``: their sender (default ``plexrl@localhost``).
 """
 
 import os
@@ -69,12 +71,15 @@ REDIS_URL = os.environ.get("REDIS_URL") or None
 RAY_ADDRESS = os.environ.get("RAY_ADDRESS") or None
 
 INSTALLED_APPS = [
+    "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served locally: /api/docs/ works offline
     "accounts",
     "jobs",
     "billing",
@@ -143,10 +148,58 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
 STATIC_ROOT = PLEXRL_HOME / "static"
 
+# Every API view derives from accounts.api's OrgAPIView family (the tenant, resolved once).
 REST_FRAMEWORK = {
+    # Bearer first: DRF then answers 401 (with WWW-Authenticate) to missing or bad credentials.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "accounts.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
     # Closed by default: an endpoint that forgets its permissions must not become public.
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "accounts.pagination.StandardPagination",
+    "PAGE_SIZE": 50,
+    # Services raise Django's ValidationError; the API answers it as a 400 like a serializer's.
+    "EXCEPTION_HANDLER": "accounts.api.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Password guessing at POST /api/v1/auth/token/, per client address (counted in the cache).
+    "DEFAULT_THROTTLE_RATES": {"auth-token": "20/minute"},
 }
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "PlexRL API",
+    "DESCRIPTION": "Multiplexed RLVR training as a shared cluster service. Every request acts within one "
+    "organization: the token's, or a browser session's current one.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,  # separate request and response shapes (write-only password, ...)
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# django.contrib.auth's login, logout and password change/reset pages live under /accounts/.
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/api/docs/"
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "plexrl@localhost")
 
 SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
+
+# Celery: Redis when REDIS_URL is set; else an in-memory broker for the embedded, one-process setup.
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_TASK_IGNORE_RESULT = True  # tasks write their outcome to the database; nobody waits on results
+CELERY_TASK_ACKS_LATE = True  # a worker lost mid-task gets it redelivered: every task is idempotent
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    # each active job's event log, read by cursor into metrics, events and the usage ledger
+    "pull-job-events": {"task": "jobs.tasks.pull_all_events", "schedule": 2.0},
+    # organizations over their monthly device-hour budget: pause their jobs (and resume them later)
+    "enforce-quotas": {"task": "billing.tasks.enforce_quotas", "schedule": 30.0},
+}
+# Keep the worker's real stdout/stderr: Ray (the engine client in the worker) needs their file
+# descriptors, which Celery's logging proxies do not have.
+CELERY_WORKER_REDIRECT_STDOUTS = False

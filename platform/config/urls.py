@@ -1,9 +1,17 @@
-"""Root URL configuration."""
+"""Root URL configuration: the REST API under /api/v1/, its OpenAPI schema and docs, the admin
+and django.contrib.auth's login and password pages under /accounts/."""
 
-from django.urls import path
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config import views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
+    path("api/v1/", include("accounts.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("admin/", admin.site.urls),
 ]

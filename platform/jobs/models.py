@@ -1,1 +1,104 @@
-"""Job models (spec, lifecycle, metrics, events) come with the jobs issue."""
+"""Jobs: an organization's RLVR runs, their lifecycle, and what their event logs reported.
+
+The engine's event log is the source of truth; these tables are what the platform ingested from it
+by cursor (``Job.event_cursor``), upserted by (job, seq) so a replayed pull changes nothing.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    QUEUED = "queued"
+    PROFILING = "profiling"
+    RUNNING = "running"
+    PAUSED = "paused"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+ACTIVE_STATES = frozenset({JobState.QUEUED, JobState.PROFILING, JobState.RUNNING, JobState.PAUSED})
+
+
+class DeploymentMode(models.TextChoices):
+    """How the job would run on devices of its own: the counterfactual its savings compare with."""
+
+    ASYNC_SPLIT = "async_split"
+    ISOLATED_SPLIT = "isolated_split"
+    COLOCATED = "colocated"
+
+
+class Job(models.Model):
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.PROTECT, related_name="jobs")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="jobs")
+    name = models.CharField(max_length=200, blank=True)
+    spec = models.JSONField(help_text="The engine's JobSpec, validated and normalised (JobSpec.to_dict()).")
+    # the reservation it would hold on a dedicated deployment (the savings counterfactual)
+    rollout_devices = models.PositiveIntegerField(default=1)
+    train_devices = models.PositiveIntegerField(default=1)
+    deployment_mode = models.CharField(max_length=20, choices=DeploymentMode.choices,
+                                       default=DeploymentMode.ASYNC_SPLIT)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
+    state_reason = models.TextField(blank=True)
+    paused_by_quota = models.BooleanField(default=False, help_text="Paused because the budget ran out.")
+    event_cursor = models.BigIntegerField(default=0, help_text="Last event seq ingested from the engine.")
+    events_complete = models.BooleanField(default=False, help_text="The engine is done with it and every event "
+                                                                   "of its log is ingested.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        indexes = (models.Index(fields=("organization", "state")),)
+
+    def __str__(self) -> str:
+        return f"{self.engine_id} ({self.state})"
+
+    @property
+    def engine_id(self) -> str:
+        """The job's id in the engine (its event log's folder): stable, unique, never reused."""
+        return f"job-{self.pk}"
+
+    @property
+    def reserved_devices(self) -> int:
+        return self.rollout_devices + self.train_devices
+
+
+class JobMetric(models.Model):
+    """One step's metrics (the engine's ``metrics`` event)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metrics")
+    step = models.PositiveIntegerField()
+    seq = models.BigIntegerField()
+    data = models.JSONField()
+
+    class Meta:
+        ordering = ("job", "step")
+        constraints = (models.UniqueConstraint(fields=("job", "step"), name="jobmetric_unique_step"),)
+
+    def __str__(self) -> str:
+        return f"{self.job_id} step {self.step}"
+
+
+class JobEvent(models.Model):
+    """Any other event of the job's log (state changes, log lines, spec, summary, timings)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    seq = models.BigIntegerField()
+    kind = models.CharField(max_length=32)
+    data = models.JSONField()
+    ts = models.FloatField(help_text="Engine wall clock (Unix seconds) when the event was written.")
+
+    class Meta:
+        ordering = ("job", "seq")
+        constraints = (models.UniqueConstraint(fields=("job", "seq"), name="jobevent_unique_seq"),)
+
+    def __str__(self) -> str:
+        return f"{self.job_id}#{self.seq} {self.kind}"

@@ -1,0 +1,1 @@
+"""``manage.py create_organization`` and ``manage.py create_token``."""

@@ -1,0 +1,63 @@
+"""Reads of the accounts app. Each starts from the organization (the tenant) and filters on it
+first; the only exceptions are a user's own organizations and memberships, which start from the
+user. Called by the REST views, the tenancy layer (``accounts.api``) and the management commands.
+"""
+
+from django.db.models import OuterRef, QuerySet, Subquery
+
+from accounts.models import ApiToken, AuditLog, Membership, Organization, Quota, User
+
+
+def organizations_of(*, user: User) -> QuerySet[Organization]:
+    """The organizations ``user`` belongs to, by id, each annotated with ``role`` (the user's)."""
+    role = Membership.objects.filter(organization=OuterRef("pk"), user=user).values("role")[:1]
+    return Organization.objects.filter(memberships__user=user).annotate(role=Subquery(role)).order_by("id")
+
+
+def membership_of(*, user: User, organization: Organization | int) -> Membership | None:
+    """``user``'s membership of ``organization`` (an instance or an id), with the organization
+    loaded, or None."""
+    organization_id = organization if isinstance(organization, int) else organization.pk
+    return (
+        Membership.objects.select_related("organization")
+        .filter(organization_id=organization_id, user=user)
+        .first()
+    )
+
+
+def first_membership_of(*, user: User) -> Membership | None:
+    """The membership a browser session starts in: the user's organization with the lowest id."""
+    return Membership.objects.select_related("organization").filter(user=user).order_by("organization_id").first()
+
+
+def members_of(*, organization: Organization) -> QuerySet[Membership]:
+    """The organization's memberships with their users, oldest first."""
+    return Membership.objects.filter(organization=organization).select_related("user").order_by("id")
+
+
+def tokens_for(*, user: User, organization: Organization) -> QuerySet[ApiToken]:
+    """``user``'s tokens in ``organization``, newest first (revoked ones included)."""
+    return ApiToken.objects.filter(organization=organization, user=user).select_related("user").order_by(
+        "-created_at", "-id"
+    )
+
+
+def tokens_of(*, organization: Organization) -> QuerySet[ApiToken]:
+    """Every token of the organization, newest first: what its admins and owners may revoke."""
+    return ApiToken.objects.filter(organization=organization).select_related("user").order_by("-created_at", "-id")
+
+
+def quota_of(*, organization: Organization) -> Quota:
+    """The organization's quota; an unsaved, unlimited one if none was stored."""
+    return Quota.objects.filter(organization=organization).first() or Quota(organization=organization)
+
+
+def quota_usage(*, organization: Organization) -> dict[str, object]:
+    """What the organization uses against its quota. Placeholders (None: not measured yet) until
+    the billing app (device hours) and the jobs app (running jobs) fill them in."""
+    return {"device_hours_this_month": None, "concurrent_jobs": None}
+
+
+def audit_of(*, organization: Organization) -> QuerySet[AuditLog]:
+    """The organization's audit log, newest first."""
+    return AuditLog.objects.filter(organization=organization).select_related("actor").order_by("-created_at", "-id")

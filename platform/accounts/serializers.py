@@ -1,0 +1,216 @@
+"""Input and output shapes of the accounts API (``accounts.views``).
+
+Input serializers only validate (services do the writes) and reject unknown fields
+(``StrictFieldsMixin``); output serializers never include a token's plaintext or digest, except
+``TokenCreatedSerializer``, which shows the plaintext the one time it exists.
+"""
+
+from django.contrib.auth import authenticate
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from accounts import selectors
+from accounts.api import StrictFieldsMixin
+from accounts.models import TOKEN_MAX_DAYS, ApiToken, AuditLog, Membership, Organization, Quota, Role, User
+
+
+def _username_field(**kwargs) -> serializers.SlugRelatedField:
+    """A username that must exist; validates to the ``User``."""
+    return serializers.SlugRelatedField(
+        slug_field="username",
+        queryset=User.objects.all(),
+        error_messages={"does_not_exist": "No user named {value!r}.", "invalid": "Give a username (a string)."},
+        **kwargs,
+    )
+
+
+# --- tokens -------------------------------------------------------------------------------------
+
+
+class TokenCreateSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST tokens/``: a new token of the requesting user in the current organization."""
+
+    name = serializers.CharField(max_length=100, default="api")
+    expires_days = serializers.IntegerField(
+        min_value=1, max_value=TOKEN_MAX_DAYS, required=False, allow_null=True, help_text="None: never expires."
+    )
+
+
+class ObtainTokenSerializer(TokenCreateSerializer):
+    """``POST auth/token/``: credentials, and the organization when the user has several."""
+
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(
+        max_length=4096, write_only=True, trim_whitespace=False, style={"input_type": "password"}
+    )
+    organization = serializers.CharField(
+        max_length=100, required=False, help_text="Id or slug; needed when the user belongs to several."
+    )
+
+    def validate(self, attrs):
+        request = self.context.get("request")
+        user = authenticate(request, username=attrs["username"], password=attrs["password"])
+        if user is None:
+            raise serializers.ValidationError("Unable to log in with the given username and password.")
+        organizations = selectors.organizations_of(user=user)
+        wanted = attrs.get("organization")
+        if wanted:
+            organization = None
+            if wanted.isdigit() and int(wanted) < 2**63:
+                organization = organizations.filter(pk=int(wanted)).first()
+            organization = organization or organizations.filter(slug=wanted).first()
+            if organization is None:
+                raise serializers.ValidationError({"organization": f"You are not a member of {wanted!r}."})
+        else:
+            count = organizations.count()
+            if count == 0:
+                raise serializers.ValidationError({"organization": "You are not a member of any organization."})
+            if count > 1:
+                raise serializers.ValidationError(
+                    {"organization": "You belong to several organizations; give one (its id or slug)."}
+                )
+            organization = organizations.first()
+        attrs["user"] = user
+        attrs["organization"] = organization
+        return attrs
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    """A token in lists: never its plaintext or digest."""
+
+    user = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = ApiToken
+        fields = (
+            "id",
+            "name",
+            "prefix",
+            "user",
+            "organization",
+            "created_at",
+            "expires_at",
+            "last_used_at",
+            "revoked_at",
+        )
+        read_only_fields = fields
+
+
+class TokenCreatedSerializer(TokenSerializer):
+    """A token just created, with its plaintext: shown this once, stored nowhere."""
+
+    token = serializers.SerializerMethodField(help_text="The token itself; it cannot be shown again.")
+
+    class Meta(TokenSerializer.Meta):
+        fields = (*TokenSerializer.Meta.fields, "token")
+        read_only_fields = fields
+
+    def get_token(self, obj: ApiToken) -> str:
+        return self.context["plaintext"]
+
+
+# --- organizations and members --------------------------------------------------------------------
+
+
+class OrganizationSerializer(serializers.ModelSerializer):
+    """An organization as one of yours: with your role and whether it is the current one."""
+
+    role = serializers.ChoiceField(choices=Role.choices, read_only=True, allow_null=True)
+    current = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Organization
+        fields = ("id", "name", "slug", "created_at", "role", "current")
+        read_only_fields = fields
+
+    def get_current(self, obj: Organization) -> bool:
+        current = self.context.get("current")
+        return current is not None and current.pk == obj.pk
+
+
+class OrganizationCreateSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST organizations/`` (platform staff): a new organization and its first owner."""
+
+    name = serializers.CharField(max_length=100)
+    slug = serializers.SlugField(max_length=100, required=False, help_text="Default: made from the name.")
+    owner = _username_field(help_text="Username of the first owner.")
+
+
+class MemberSerializer(serializers.ModelSerializer):
+    """A member of the current organization."""
+
+    user_id = serializers.IntegerField(source="user.pk", read_only=True)
+    username = serializers.CharField(source="user.username", read_only=True)
+    email = serializers.EmailField(source="user.email", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ("user_id", "username", "email", "role", "created_at")
+        read_only_fields = fields
+
+
+class MemberAddSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST organizations/{id}/members/``."""
+
+    username = _username_field()
+    role = serializers.ChoiceField(choices=Role.choices, default=Role.MEMBER)
+
+
+class MemberRoleSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``PATCH organizations/{id}/members/{user_id}/``."""
+
+    role = serializers.ChoiceField(choices=Role.choices)
+
+
+# --- quota and audit ----------------------------------------------------------------------------
+
+_HOURS = {"max_digits": 12, "decimal_places": 2, "min_value": 0, "allow_null": True, "coerce_to_string": False}
+
+
+class QuotaUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``PATCH quota/``: any of the limits; null means unlimited."""
+
+    device_hours_per_month = serializers.DecimalField(required=False, **_HOURS)
+    max_concurrent_jobs = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, allow_null=True)
+    max_devices_per_job = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, allow_null=True)
+
+
+class QuotaUsageSerializer(serializers.Serializer):
+    """Use against the quota; null until the billing and jobs apps measure it."""
+
+    device_hours_this_month = serializers.DecimalField(read_only=True, **_HOURS)
+    concurrent_jobs = serializers.IntegerField(read_only=True, allow_null=True)
+
+
+class QuotaSerializer(serializers.ModelSerializer):
+    """The current organization's quota (null limits: unlimited) and its use."""
+
+    device_hours_per_month = serializers.DecimalField(read_only=True, **_HOURS)
+    usage = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Quota
+        fields = (
+            "organization",
+            "device_hours_per_month",
+            "max_concurrent_jobs",
+            "max_devices_per_job",
+            "updated_at",
+            "usage",
+        )
+        read_only_fields = fields
+
+    @extend_schema_field(QuotaUsageSerializer)
+    def get_usage(self, obj: Quota) -> dict:
+        return QuotaUsageSerializer(self.context["usage"]).data
+
+
+class AuditLogSerializer(serializers.ModelSerializer):
+    """One audit row; ``actor`` is null for the system."""
+
+    actor = serializers.CharField(source="actor.username", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = AuditLog
+        fields = ("id", "created_at", "actor", "action", "target", "data")
+        read_only_fields = fields

@@ -1,0 +1,27 @@
+"""Routes of the accounts API, included under ``/api/v1/`` by ``config.urls``."""
+
+from django.urls import path
+
+from accounts import views
+
+app_name = "accounts"
+
+urlpatterns = [
+    path("auth/token/", views.ObtainTokenView.as_view(), name="obtain-token"),
+    path("tokens/", views.TokenListCreateView.as_view(), name="tokens"),
+    path("tokens/<int:token_id>/revoke/", views.TokenRevokeView.as_view(), name="token-revoke"),
+    path("organizations/", views.OrganizationListCreateView.as_view(), name="organizations"),
+    path(
+        "organizations/<int:organization_id>/switch/",
+        views.OrganizationSwitchView.as_view(),
+        name="organization-switch",
+    ),
+    path("organizations/<int:organization_id>/members/", views.MemberListCreateView.as_view(), name="members"),
+    path(
+        "organizations/<int:organization_id>/members/<int:user_id>/",
+        views.MemberDetailView.as_view(),
+        name="member-detail",
+    ),
+    path("quota/", views.QuotaView.as_view(), name="quota"),
+    path("audit/", views.AuditLogView.as_view(), name="audit"),
+]

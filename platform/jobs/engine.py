@@ -1,0 +1,24 @@
+"""The platform's one handle on the engine (its service API, DESIGN section 3b).
+
+Only Celery tasks call it: a web request never waits on the engine. ``RAY_ADDRESS`` joins a Ray
+cluster; without it the process starts a local Ray the first time a task needs the engine.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from django.conf import settings
+
+from engine.service import EngineClient
+
+_client: EngineClient | None = None
+_lock = threading.Lock()
+
+
+def engine() -> EngineClient:
+    global _client  # one client per process, made on first use
+    with _lock:
+        if _client is None:
+            _client = EngineClient(address=settings.RAY_ADDRESS, data_dir=settings.PLEXRL_HOME)
+        return _client

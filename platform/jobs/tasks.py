@@ -1,0 +1,81 @@
+"""Celery tasks bridging the platform to the engine (launch, cancel, pause, resume, event pull).
+
+Every task is idempotent: tasks are acknowledged late, so a lost worker means redelivery. Launch
+is safe to repeat because the engine's submit is idempotent by job id; the pull is safe because
+ingestion upserts by (job, seq) behind the job's cursor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from celery import shared_task
+
+from engine.errors import EngineError
+from engine.service import UnknownJob
+from jobs import services
+from jobs.engine import engine
+from jobs.models import TERMINAL_STATES, Job, JobState
+
+PULL_BATCH = 1000
+
+
+@shared_task
+def launch_job(job_id: int) -> None:
+    job = Job.objects.get(pk=job_id)
+    if job.state == JobState.CANCELLED:
+        return
+    try:
+        engine().submit_job(job.engine_id, job.spec)
+    except (EngineError, ValueError) as exc:  # the spec no longer validates (a model was removed, ...)
+        Job.objects.filter(pk=job.pk).update(state=JobState.FAILED, state_reason=f"launch refused: {exc}")
+        return
+    if job.state == JobState.PAUSED:  # paused before it reached the engine
+        engine().pause(job.engine_id)
+
+
+@shared_task
+def cancel_job(job_id: int, reason: str = "") -> None:
+    job = Job.objects.get(pk=job_id)
+    with contextlib.suppress(UnknownJob):  # never launched: nothing runs
+        engine().cancel(job.engine_id, reason)
+
+
+@shared_task
+def pause_job(job_id: int) -> None:
+    job = Job.objects.get(pk=job_id)
+    with contextlib.suppress(UnknownJob):  # launch_job pauses it when it gets there
+        engine().pause(job.engine_id)
+
+
+@shared_task
+def resume_job(job_id: int) -> None:
+    job = Job.objects.get(pk=job_id)
+    with contextlib.suppress(UnknownJob):  # never launched: launch_job starts it running
+        engine().resume(job.engine_id)
+
+
+@shared_task
+def pull_events(job_id: int) -> int:
+    """Ingest the job's new events, batch by batch; returns how many were new."""
+    total = 0
+    while True:
+        job = Job.objects.get(pk=job_id)
+        try:
+            batch = engine().events(job.engine_id, job.event_cursor, PULL_BATCH)
+        except UnknownJob:
+            return total  # not launched yet
+        if not batch:
+            if job.state in TERMINAL_STATES:
+                status = engine().status(job.engine_id)
+                if not status["active"] and status["last_seq"] == job.event_cursor:
+                    Job.objects.filter(pk=job.pk).update(events_complete=True)
+            return total
+        total += services.ingest_events(job=job, events=batch)
+
+
+@shared_task
+def pull_all_events() -> int:
+    """Every job whose log may still have events to read (the beat runs this every few seconds)."""
+    return sum(pull_events(job_id) for job_id in
+               Job.objects.filter(events_complete=False).values_list("pk", flat=True))
