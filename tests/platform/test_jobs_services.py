@@ -1,0 +1,151 @@
+"""Jobs and billing services without a worker: validation through the engine's JobSpec, quotas,
+ingestion of an event log (idempotent, state following), savings, and quota enforcement."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from accounts.models import AuditLog, Quota
+from accounts.services import organization_create
+from billing.models import UsageEntry
+from billing.selectors import job_savings
+from billing.tasks import enforce_quotas
+from jobs import services
+from jobs.models import Job, JobEvent, JobMetric, JobState
+from tests.platform.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+SPEC = {"task": "arith", "model": "tiny-arith", "steps": 3, "seed": 1, "rollout": "torch", "trainer": "torch"}
+
+
+@pytest.fixture
+def org():
+    owner = UserFactory()
+    return organization_create(name="Lab", owner=owner), owner
+
+
+def usage(seq: int, call: int, start: float, end: float, *, devices: float = 1.0, queued: float = 0.0,
+          setup: float = 0.0, wpg: str = "w", fn: str = "generate") -> dict:
+    return {"seq": seq, "kind": "usage", "ts": end, "data": {
+        "job": "job-x", "role": "policy", "fn": fn, "wpg": wpg, "devices": devices, "start": start, "end": end,
+        "setup_s": setup, "exec_s": end - start - setup, "call": call, "tenant": "", "queued_s": queued}}
+
+
+def state(seq: int, name: str, **extra) -> dict:
+    return {"seq": seq, "kind": "state", "ts": 1000.0 + seq, "data": {"state": name, **extra}}
+
+
+def metrics(seq: int, step: int) -> dict:
+    return {"seq": seq, "kind": "metrics", "ts": 1000.0 + seq, "data": {"step": step, "reward_mean": 0.5}}
+
+
+def test_the_engine_spec_validates_and_its_errors_name_the_field(org):
+    organization, owner = org
+    with pytest.raises(ValidationError) as err:
+        services.job_create(organization=organization, user=owner, spec=SPEC | {"steps": 0})
+    assert "spec.steps" in err.value.message_dict
+    with pytest.raises(ValidationError) as err:
+        services.job_create(organization=organization, user=owner, spec=SPEC | {"task": "poetry"})
+    assert "spec.task" in err.value.message_dict
+    with pytest.raises(ValidationError) as err:
+        services.job_create(organization=organization, user=owner, spec=SPEC, rollout_devices=0)
+    assert "rollout_devices" in err.value.message_dict
+    assert not Job.objects.exists()
+    job = services.job_create(organization=organization, user=owner, spec=SPEC, name="ok")
+    assert job.state == JobState.QUEUED
+    assert job.spec["grpo"]["prompts_per_step"] > 0  # normalised by the engine's JobSpec
+    assert AuditLog.objects.filter(organization=organization, action="job.created", target=job.engine_id).exists()
+
+
+def test_quota_limits_refuse_a_job_and_create_nothing(org):
+    organization, owner = org
+    Quota.objects.update_or_create(organization=organization, defaults={"max_devices_per_job": 2,
+                                                                        "max_concurrent_jobs": 1})
+    with pytest.raises(services.QuotaExceeded) as err:
+        services.job_create(organization=organization, user=owner, spec=SPEC, rollout_devices=2, train_devices=1)
+    assert err.value.limit == "max_devices_per_job"
+    services.job_create(organization=organization, user=owner, spec=SPEC)
+    with pytest.raises(services.QuotaExceeded) as err:
+        services.job_create(organization=organization, user=owner, spec=SPEC)
+    assert err.value.limit == "max_concurrent_jobs"
+    assert Job.objects.count() == 1
+
+
+def test_ingestion_is_idempotent_and_follows_the_engine_state(org):
+    organization, owner = org
+    job = services.job_create(organization=organization, user=owner, spec=SPEC)
+    log = [state(1, "queued"), state(2, "running"), metrics(3, 1), usage(4, 1, 10.0, 12.0), metrics(5, 2),
+           usage(6, 2, 12.5, 14.0), metrics(7, 3)]
+    assert services.ingest_events(job=job, events=log[:3]) == 3
+    job.refresh_from_db()
+    assert job.state == JobState.PROFILING  # the scheduler profiles a new job's first steps
+    assert job.started_at is not None
+    assert services.ingest_events(job=job, events=log) == 4
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+    assert services.ingest_events(job=job, events=log) == 0  # a replay: nothing new
+    Job.objects.filter(pk=job.pk).update(event_cursor=0)  # a replay from the start: upserts
+    job.refresh_from_db()
+    services.ingest_events(job=job, events=[*log, state(8, "succeeded")])
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+    assert job.finished_at is not None
+    assert JobMetric.objects.filter(job=job).count() == 3
+    assert UsageEntry.objects.filter(job=job).count() == 2
+    assert JobEvent.objects.filter(job=job, kind="state").count() == 3
+
+
+def test_a_cancelled_or_paused_job_keeps_the_platforms_decision(org):
+    organization, owner = org
+    job = services.job_create(organization=organization, user=owner, spec=SPEC)
+    services.ingest_events(job=job, events=[state(1, "queued"), state(2, "running")])
+    services.job_pause(job=job, actor=owner)
+    services.ingest_events(job=job, events=[metrics(3, 1), state(4, "paused"), state(5, "running")])
+    job.refresh_from_db()
+    assert job.state == JobState.PAUSED  # only the platform resumes
+    with pytest.raises(services.InvalidTransition):
+        services.job_pause(job=job, actor=owner)
+    services.job_cancel(job=job, actor=owner, reason="enough")
+    services.ingest_events(job=job, events=[state(6, "cancelled", reason="enough")])
+    job.refresh_from_db()
+    assert (job.state, job.state_reason) == (JobState.CANCELLED, "enough")
+    with pytest.raises(services.InvalidTransition):
+        services.job_resume(job=job, actor=owner)
+
+
+def test_savings_against_the_dedicated_counterfactual(org):
+    organization, owner = org
+    job = services.job_create(organization=organization, user=owner, spec=SPEC, rollout_devices=2, train_devices=2)
+    # calls on two 1-device groups over [0, 10]: 2 s rollout, 3 s train (queued 1 s first, 0.5 s switch),
+    # a 1 s sync held by both groups (one call, two rows)
+    services.ingest_events(job=job, events=[
+        usage(1, 1, 0.0, 2.0), usage(2, 2, 4.0, 7.0, queued=1.0, setup=0.5, wpg="t", fn="forward_backward"),
+        usage(3, 3, 9.0, 10.0, wpg="w", fn="sync_weights"), usage(4, 3, 9.0, 10.0, wpg="t", fn="sync_weights")])
+    s = job_savings(job=job)
+    billed = 2.0 + 3.0 + 1.0 + 1.0  # device-seconds
+    isolated = 10.0 - (1.0 + 0.5)  # the span less what sharing added
+    assert s["billed_device_hours"] == pytest.approx(billed / 3600)
+    assert s["isolated_wall_seconds"] == pytest.approx(isolated)
+    assert s["counterfactual_device_hours"] == pytest.approx(4 * isolated / 3600)
+    assert s["savings"] == pytest.approx(1 - billed / (4 * isolated))
+
+
+def test_quota_enforcement_pauses_over_budget_and_resumes_when_raised(org):
+    organization, owner = org
+    job = services.job_create(organization=organization, user=owner, spec=SPEC)
+    services.ingest_events(job=job, events=[state(1, "running")])
+    now = timezone.now().timestamp()
+    services.ingest_events(job=job, events=[usage(2, 1, now - 7200, now, devices=1.0)])  # 2 device-hours
+    Quota.objects.update_or_create(organization=organization, defaults={"device_hours_per_month": 1})
+    assert enforce_quotas() == {"paused": 1, "resumed": 0}
+    job.refresh_from_db()
+    assert (job.state, job.paused_by_quota) == (JobState.PAUSED, True)
+    assert enforce_quotas() == {"paused": 0, "resumed": 0}  # idempotent
+    with pytest.raises(services.QuotaExceeded):
+        services.job_create(organization=organization, user=owner, spec=SPEC)
+    Quota.objects.filter(organization=organization).update(device_hours_per_month=10)
+    assert enforce_quotas() == {"paused": 0, "resumed": 1}
+    job.refresh_from_db()
+    assert (job.state, job.paused_by_quota) == (JobState.RUNNING, False)
