@@ -57,6 +57,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rollout", help="rollout backend: torch or vllm (default: vllm when installed)")
     p.add_argument("--trainer", help="training backend: torch or megatron (default: megatron when installed)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the trainer (megatron)")
+    p.add_argument("--dataset", type=Path, help="task dataset: a JSONL file of {\"prompt\", \"answer\"} lines")
     p.add_argument("--shuffle-rewards", action="store_true",
                    help="negative control: permute rewards within each step")
     p.add_argument("--prompts-per-step", type=int)
@@ -99,8 +100,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.shuffle_rewards:
         overrides["shuffle_rewards"] = True
     backends = {k: getattr(args, k) for k in ("rollout", "trainer") if getattr(args, k) is not None}
+    dataset = None
+    if args.dataset is not None:
+        from engine.rl.datasets import DatasetError, load_problems
+
+        try:
+            load_problems(args.dataset)
+        except DatasetError as exc:
+            raise CliError(f"--dataset {args.dataset}: {exc}") from None
+        dataset = str(args.dataset.resolve())
     spec = JobSpec(task=args.task, model=args.model, steps=args.steps, seed=args.seed, tp=args.tp, **backends,
-                   grpo=GRPOConfig(**{**dataclasses.asdict(GRPOConfig()), **overrides}), tools=_tool_config(args))
+                   grpo=GRPOConfig(**{**dataclasses.asdict(GRPOConfig()), **overrides}), tools=_tool_config(args),
+                   dataset=dataset)
     out = args.out or default_run_dir(f"{spec.task}-s{spec.seed}")
     created = not out.exists()
     _writable_dir(out, "--out")  # before the model may be built, so bad input fails fast

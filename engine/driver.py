@@ -39,7 +39,8 @@ class JobDriver:
         self.events.append("state", {"state": "running"}, durable=True)
         try:
             summary = grpo.train(self.client, job=self.job_id, model=spec.model, task=spec.task,
-                                 steps=spec.steps, seed=spec.seed, config=spec.grpo, tools=spec.tools)
+                                 steps=spec.steps, seed=spec.seed, config=spec.grpo, tools=spec.tools,
+                                 dataset=spec.dataset)
         except BaseException as exc:
             self.events.append("state", {"state": "failed", "reason": f"{type(exc).__name__}: {exc}"},
                                durable=True)

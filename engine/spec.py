@@ -57,6 +57,7 @@ class JobSpec:
     trainer: str = field(default_factory=default_trainer)  # backend of the training WPG
     tp: int = 1  # tensor-parallel ranks of the training WPG
     tools: ToolConfig = field(default_factory=ToolConfig)  # the calculator of a tool-using task
+    dataset: str | None = None  # task "dataset": the path of a JSONL file of problems (engine.rl.datasets)
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -71,7 +72,13 @@ class JobSpec:
         if self.algorithm not in ALGORITHMS:
             raise SpecError("algorithm", f"unknown algorithm {self.algorithm!r}; known: {', '.join(ALGORITHMS)}")
         if not self.model or not isinstance(self.model, str):
-            raise SpecError("model", "is required")
+            raise SpecError("model", "is required" + (" (a dataset job names the model it trains)"
+                                                      if self.task == "dataset" else ""))
+        if self.task == "dataset":
+            if not isinstance(self.dataset, str) or not self.dataset:
+                raise SpecError("dataset", "task 'dataset' needs the path of a JSONL file of problems")
+        elif self.dataset is not None:
+            raise SpecError("dataset", f"only task 'dataset' reads a dataset, not {self.task!r}")
         self._check_tools(task)
         if not isinstance(self.grpo, GRPOConfig):
             raise SpecError("grpo", f"must be a GRPO config, got {type(self.grpo).__name__}")

@@ -132,12 +132,12 @@ def _step_seed(seed: int, step: int) -> int:
 
 def train(
     client: Client, *, job: str, model: str, task: str, steps: int, seed: int, config: GRPOConfig,
-    tools: ToolConfig | None = None, on_step=None,
+    tools: ToolConfig | None = None, on_step=None, dataset: str | None = None,
 ) -> dict[str, Any]:
     """Run ``steps`` GRPO steps; metrics go to the job's event log. Returns the summary.
 
     ``tools`` configures the calculator of a tool-using task (ignored by other tasks)."""
-    task_impl = get_task(task)
+    task_impl = get_task(task, dataset)
     tools = tools or ToolConfig()
     U = config.updates_per_step
     optimizer = OptimizerConfig(lr=config.lr, warmup_steps=config.warmup_steps * U,

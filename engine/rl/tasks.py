@@ -105,10 +105,25 @@ class ArithToolsTask(ArithTask):
     reward = staticmethod(exact_reward)
 
 
-TASKS = {"arith": ArithTask, "arith-tools": ArithToolsTask}
+class _DatasetEntry:
+    """The ``dataset`` task's entry in TASKS (its class lives in engine.rl.datasets): a user's JSONL
+    problems, named by the spec's ``dataset`` path."""
+
+    name = "dataset"
+    default_model = None
+    uses_tools = False
 
 
-def get_task(name: str) -> ArithTask:
+TASKS = {"arith": ArithTask, "arith-tools": ArithToolsTask, "dataset": _DatasetEntry}
+
+
+def get_task(name: str, dataset: str | None = None) -> ArithTask:
+    if name == "dataset":
+        from engine.rl.datasets import DatasetTask
+
+        if not dataset:
+            raise ValueError("task 'dataset' needs the path of a dataset")
+        return DatasetTask(dataset)
     try:
         return TASKS[name]()
     except KeyError:
