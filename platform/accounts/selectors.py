@@ -53,9 +53,15 @@ def quota_of(*, organization: Organization) -> Quota:
 
 
 def quota_usage(*, organization: Organization) -> dict[str, object]:
-    """What the organization uses against its quota. Placeholders (None: not measured yet) until
-    the billing app (device hours) and the jobs app (running jobs) fill them in."""
-    return {"device_hours_this_month": None, "concurrent_jobs": None}
+    """What the organization uses against its quota: device-hours billed this calendar month (the
+    usage ledger) and its active jobs (queued, profiling, running or paused)."""
+    from django.utils import timezone
+
+    from billing.selectors import device_hours_in_month  # the apps above accounts, imported late
+    from jobs.selectors import active_jobs_count
+
+    return {"device_hours_this_month": round(device_hours_in_month(organization=organization, when=timezone.now()), 6),
+            "concurrent_jobs": active_jobs_count(organization=organization)}
 
 
 def audit_of(*, organization: Organization) -> QuerySet[AuditLog]:

@@ -10,6 +10,8 @@ from config import views
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("api/v1/", include("accounts.urls")),
+    path("api/v1/", include("jobs.urls")),
+    path("api/v1/", include("billing.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("accounts/", include("django.contrib.auth.urls")),

@@ -149,3 +149,16 @@ def test_quota_enforcement_pauses_over_budget_and_resumes_when_raised(org):
     assert enforce_quotas() == {"paused": 0, "resumed": 1}
     job.refresh_from_db()
     assert (job.state, job.paused_by_quota) == (JobState.RUNNING, False)
+
+
+def test_quota_usage_counts_active_jobs_and_this_months_device_hours(org):
+    from accounts.selectors import quota_usage
+
+    organization, owner = org
+    job = services.job_create(organization=organization, user=owner, spec=SPEC)
+    now = timezone.now().timestamp()
+    services.ingest_events(job=job, events=[usage(1, 1, now - 1800, now, devices=2.0)])  # 1 device-hour
+    services.ingest_events(job=job, events=[usage(2, 2, 0.0, 3600.0, devices=1.0)])  # 1970: another month
+    assert quota_usage(organization=organization) == {"device_hours_this_month": 1.0, "concurrent_jobs": 1}
+    services.job_cancel(job=job, actor=owner)
+    assert quota_usage(organization=organization)["concurrent_jobs"] == 0

@@ -1,0 +1,45 @@
+"""Reads of the jobs app. Every query starts from the organization (the tenant), or from a job
+that was itself fetched through the organization (``job_get``)."""
+
+from __future__ import annotations
+
+from django.db.models import Max, QuerySet
+from django.shortcuts import get_object_or_404
+
+from accounts.models import Organization
+from jobs.models import ACTIVE_STATES, Job, JobEvent, JobMetric
+
+
+def jobs_of(*, organization: Organization, state: str | None = None, search: str | None = None) -> QuerySet[Job]:
+    """The organization's jobs, newest first, each annotated with ``last_step`` (its highest
+    metrics step, or None). ``state``: only jobs in that state; ``search``: a piece of the name."""
+    jobs = Job.objects.filter(organization=organization)
+    if state:
+        jobs = jobs.filter(state=state)
+    if search:
+        jobs = jobs.filter(name__icontains=search)
+    return jobs.select_related("created_by").annotate(last_step=Max("metrics__step")).order_by("-created_at", "-id")
+
+
+def job_get(*, organization: Organization, pk: int) -> Job:
+    """One of the organization's jobs (annotated like ``jobs_of``); 404 for any other."""
+    return get_object_or_404(jobs_of(organization=organization), pk=pk)
+
+
+def active_jobs_count(*, organization: Organization) -> int:
+    """How many of the organization's jobs count against ``max_concurrent_jobs``."""
+    return Job.objects.filter(organization=organization, state__in=ACTIVE_STATES).count()
+
+
+def metrics_of(*, job: Job) -> QuerySet[JobMetric]:
+    """The job's per-step metrics, by step."""
+    return JobMetric.objects.filter(job=job).order_by("step")
+
+
+def events_of(*, job: Job, after_seq: int = 0, kind: str | None = None) -> QuerySet[JobEvent]:
+    """The job's events (other than metrics and usage) after ``after_seq``, by seq; ``kind``: only
+    that kind (``state``, ``log``, ...)."""
+    events = JobEvent.objects.filter(job=job, seq__gt=after_seq)
+    if kind:
+        events = events.filter(kind=kind)
+    return events.order_by("seq")

@@ -1,0 +1,149 @@
+"""Input and output shapes of the jobs API (``jobs.views``).
+
+Input serializers check shapes only (types, ranges, unknown fields via ``StrictFieldsMixin``); the
+spec itself is validated by the engine's ``JobSpec`` in ``services.job_create``, whose errors come
+back as field errors named ``spec.<field>``.
+"""
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from accounts.api import StrictFieldsMixin
+from billing.selectors import job_savings
+from jobs.models import DeploymentMode, Job, JobEvent, JobMetric, JobState
+from jobs.services import MAX_DEVICES_DECLARED
+
+
+def _devices_field() -> serializers.IntegerField:
+    return serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_DEVICES_DECLARED,
+        default=1,
+        help_text="Devices the job would reserve for this role on a dedicated deployment (the savings counterfactual).",
+    )
+
+
+# --- input --------------------------------------------------------------------------------------
+
+
+class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST jobs/``: a new job of the current organization."""
+
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    spec = serializers.DictField(
+        help_text="The engine's JobSpec: task, model, steps, seed, algorithm, grpo {...}, rollout, trainer, tp, tools."
+    )
+    rollout_devices = _devices_field()
+    train_devices = _devices_field()
+    deployment_mode = serializers.ChoiceField(choices=DeploymentMode.choices, default=DeploymentMode.ASYNC_SPLIT)
+
+
+class JobCancelSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST jobs/{id}/cancel/``: an optional reason, kept as the job's ``state_reason``."""
+
+    reason = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
+
+
+class JobFilterSerializer(serializers.Serializer):
+    """Query parameters of ``GET jobs/``."""
+
+    state = serializers.ChoiceField(
+        choices=JobState.choices, required=False, allow_blank=True, help_text="Only jobs in this state."
+    )
+    search = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, help_text="A piece of the job's name."
+    )
+
+
+class EventFilterSerializer(serializers.Serializer):
+    """Query parameters of ``GET jobs/{id}/events/``."""
+
+    after_seq = serializers.IntegerField(
+        min_value=0, max_value=2**63 - 1, default=0, help_text="Only events after this seq (a cursor)."
+    )
+    kind = serializers.CharField(
+        max_length=32, required=False, allow_blank=True, help_text="Only events of this kind (state, log, ...)."
+    )
+
+
+# --- output -------------------------------------------------------------------------------------
+
+
+class SavingsSerializer(serializers.Serializer):
+    """Billed device-hours against the dedicated counterfactual; ``savings`` is null until it ran."""
+
+    billed_device_hours = serializers.FloatField()
+    counterfactual_device_hours = serializers.FloatField()
+    isolated_wall_seconds = serializers.FloatField()
+    savings = serializers.FloatField(allow_null=True)
+
+
+class JobSerializer(serializers.ModelSerializer):
+    """A job in a list (no spec, no savings)."""
+
+    created_by = serializers.CharField(source="created_by.username", read_only=True, allow_null=True, default=None)
+    last_step = serializers.IntegerField(
+        read_only=True, allow_null=True, default=None, help_text="The highest step that reported metrics."
+    )
+
+    class Meta:
+        model = Job
+        fields = (
+            "id",
+            "name",
+            "state",
+            "state_reason",
+            "rollout_devices",
+            "train_devices",
+            "deployment_mode",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "last_step",
+        )
+        read_only_fields = fields
+
+
+class JobDetailSerializer(JobSerializer):
+    """One job: its spec, reservation, state and savings so far."""
+
+    savings = serializers.SerializerMethodField()
+
+    class Meta(JobSerializer.Meta):
+        fields = (
+            *JobSerializer.Meta.fields[:6],
+            "reserved_devices",
+            *JobSerializer.Meta.fields[6:],
+            "spec",
+            "paused_by_quota",
+            "updated_at",
+            "savings",
+        )
+        read_only_fields = fields
+
+    @extend_schema_field(SavingsSerializer)
+    def get_savings(self, obj: Job) -> dict:
+        return SavingsSerializer(job_savings(job=obj)).data
+
+
+class JobMetricSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobMetric
+        fields = ("step", "data")
+        read_only_fields = fields
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ("seq", "kind", "data", "ts")
+        read_only_fields = fields
+
+
+class ConflictSerializer(serializers.Serializer):
+    """409: the job's state or the organization's quota does not allow it; ``limit`` names the
+    quota limit, when one was hit."""
+
+    detail = serializers.CharField()
+    limit = serializers.CharField(required=False)

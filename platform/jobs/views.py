@@ -1,0 +1,187 @@
+"""The jobs REST API under ``/api/v1/`` (routes in ``jobs.urls``).
+
+Thin views: each validates input with a serializer, calls one service (writes) or selector (reads)
+and serializes the result. Jobs are fetched through ``selectors.job_get``, which starts from the
+request's organization: another organization's job answers 404 on every endpoint.
+
+Viewers read; members create jobs and act on their own; admins and owners act on anyone's.
+A transition the job's state does not allow, or a quota it would exceed, answers 409.
+"""
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from accounts.api import EmptySerializer, OrgGenericAPIView, require_role, role_map
+from accounts.models import Role
+from jobs import selectors, services
+from jobs.models import Job
+from jobs.serializers import (
+    ConflictSerializer,
+    EventFilterSerializer,
+    JobCancelSerializer,
+    JobCreateSerializer,
+    JobDetailSerializer,
+    JobEventSerializer,
+    JobFilterSerializer,
+    JobMetricSerializer,
+    JobSerializer,
+)
+
+CONFLICT = OpenApiResponse(ConflictSerializer, description="The job's state (or the quota) does not allow it.")
+
+
+class Conflict(exceptions.APIException):
+    """409 with ``{"detail": ...}`` and any further keys (``limit``)."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+    def __init__(self, detail: str, **extra: str):
+        super().__init__({"detail": detail, **extra})
+
+
+def _detail(request: Request, job: Job, status_code: int = status.HTTP_200_OK) -> Response:
+    """The job as ``GET jobs/{id}/`` shows it, read afresh (annotations included)."""
+    job = selectors.job_get(organization=request.organization, pk=job.pk)
+    return Response(JobDetailSerializer(job).data, status=status_code)
+
+
+class JobListCreateView(OrgGenericAPIView):
+    """``GET jobs/``: the organization's jobs, newest first (``?state=``, ``?search=``).
+    ``POST``: create one (members); it is queued and launched once the transaction commits."""
+
+    required_roles = role_map(GET=Role.VIEWER, POST=Role.MEMBER)
+    serializer_class = JobSerializer
+
+    def get_queryset(self) -> QuerySet[Job]:
+        filters = JobFilterSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        return selectors.jobs_of(organization=self.request.organization, **filters.validated_data)
+
+    @extend_schema(summary="List jobs", parameters=[JobFilterSerializer], responses=JobSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(JobSerializer(page, many=True).data)
+
+    @extend_schema(
+        summary="Create a job",
+        request=JobCreateSerializer,
+        responses={201: JobDetailSerializer, 409: OpenApiResponse(ConflictSerializer, description="Over quota.")},
+    )
+    def post(self, request: Request) -> Response:
+        serializer = JobCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            job = services.job_create(organization=request.organization, user=request.user, **serializer.validated_data)
+        except services.QuotaExceeded as exc:
+            raise Conflict(exc.message, limit=exc.limit) from None
+        return _detail(request, job, status.HTTP_201_CREATED)
+
+
+class JobView(OrgGenericAPIView):
+    """Base of the views of one job (``jobs/{job_id}/...``)."""
+
+    def get_object(self) -> Job:
+        return selectors.job_get(organization=self.request.organization, pk=self.kwargs["job_id"])
+
+    def get_acted_on(self) -> Job:
+        """The job, for an action: members act on their own jobs, admins and owners on anyone's."""
+        job = self.get_object()
+        if job.created_by_id != self.request.user.pk:
+            require_role(self.request, Role.ADMIN)
+        return job
+
+
+class JobDetailView(JobView):
+    """``GET jobs/{id}/``: one job with its spec, state, progress and savings so far."""
+
+    required_roles = role_map(GET=Role.VIEWER)
+    serializer_class = JobDetailSerializer
+
+    @extend_schema(summary="Show a job")
+    def get(self, request: Request, job_id: int) -> Response:
+        return Response(JobDetailSerializer(self.get_object()).data)
+
+
+class JobCancelView(JobView):
+    """``POST jobs/{id}/cancel/``: stop a job that has not finished, with an optional reason."""
+
+    required_roles = role_map(POST=Role.MEMBER)
+
+    @extend_schema(
+        summary="Cancel a job", request=JobCancelSerializer, responses={200: JobDetailSerializer, 409: CONFLICT}
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        job = self.get_acted_on()
+        serializer = JobCancelSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            job = services.job_cancel(job=job, actor=request.user, reason=serializer.validated_data["reason"])
+        except services.InvalidTransition as exc:
+            raise Conflict(str(exc)) from None
+        return _detail(request, job)
+
+
+class JobPauseView(JobView):
+    """``POST jobs/{id}/pause/``: pause a queued or running job (it keeps its place and progress)."""
+
+    required_roles = role_map(POST=Role.MEMBER)
+
+    @extend_schema(summary="Pause a job", request=None, responses={200: JobDetailSerializer, 409: CONFLICT})
+    def post(self, request: Request, job_id: int) -> Response:
+        job = self.get_acted_on()
+        EmptySerializer(data=request.data).is_valid(raise_exception=True)
+        try:
+            job = services.job_pause(job=job, actor=request.user)
+        except services.InvalidTransition as exc:
+            raise Conflict(str(exc)) from None
+        return _detail(request, job)
+
+
+class JobResumeView(JobView):
+    """``POST jobs/{id}/resume/``: resume a paused job."""
+
+    required_roles = role_map(POST=Role.MEMBER)
+
+    @extend_schema(summary="Resume a job", request=None, responses={200: JobDetailSerializer, 409: CONFLICT})
+    def post(self, request: Request, job_id: int) -> Response:
+        job = self.get_acted_on()
+        EmptySerializer(data=request.data).is_valid(raise_exception=True)
+        try:
+            job = services.job_resume(job=job, actor=request.user)
+        except services.InvalidTransition as exc:
+            raise Conflict(str(exc)) from None
+        return _detail(request, job)
+
+
+class JobMetricsView(JobView):
+    """``GET jobs/{id}/metrics/``: the job's metrics, one row per step, by step."""
+
+    required_roles = role_map(GET=Role.VIEWER)
+    serializer_class = JobMetricSerializer
+
+    @extend_schema(summary="List a job's metrics", responses=JobMetricSerializer(many=True))
+    def get(self, request: Request, job_id: int) -> Response:
+        page = self.paginate_queryset(selectors.metrics_of(job=self.get_object()))
+        return self.get_paginated_response(JobMetricSerializer(page, many=True).data)
+
+
+class JobEventsView(JobView):
+    """``GET jobs/{id}/events/``: the job's events (state changes, logs, ...) by seq;
+    ``?after_seq=`` continues from a cursor, ``?kind=`` keeps one kind."""
+
+    required_roles = role_map(GET=Role.VIEWER)
+    serializer_class = JobEventSerializer
+
+    @extend_schema(
+        summary="List a job's events", parameters=[EventFilterSerializer], responses=JobEventSerializer(many=True)
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        job = self.get_object()
+        filters = EventFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        page = self.paginate_queryset(selectors.events_of(job=job, **filters.validated_data))
+        return self.get_paginated_response(JobEventSerializer(page, many=True).data)
