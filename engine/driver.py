@@ -32,6 +32,15 @@ class JobDriver:
         (``max_concurrency=2``); the log serialises the appends."""
         return self.events.append(kind, data, durable=True)
 
+    def _export(self, summary: dict[str, Any]) -> None:
+        """The final weights as a Hugging Face folder beside the event log (``final/``)."""
+        from engine.artifacts import export_hf
+        from engine.models import resolve_model
+
+        out = self.events.path.parent / "final"
+        files = export_hf(Path(summary["final_checkpoint"]), resolve_model(self.spec.model, build_missing=False), out)
+        self.events.append("artifact", {"name": "final", "path": str(out), "files": files}, durable=True)
+
     def run(self) -> dict[str, Any]:
         from engine.rl import grpo
 
@@ -41,6 +50,7 @@ class JobDriver:
             summary = grpo.train(self.client, job=self.job_id, model=spec.model, task=spec.task,
                                  steps=spec.steps, seed=spec.seed, config=spec.grpo, tools=spec.tools,
                                  dataset=spec.dataset)
+            self._export(summary)
         except BaseException as exc:
             self.events.append("state", {"state": "failed", "reason": f"{type(exc).__name__}: {exc}"},
                                durable=True)

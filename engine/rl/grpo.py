@@ -259,7 +259,9 @@ def train(
             on_step(step, metrics)
 
     final = float(np.mean(evals[-3:])) if evals else initial["accuracy"]
+    checkpoint = policy.save_checkpoint("final").result()  # the trained weights, for export
     return {
+        "final_checkpoint": checkpoint["path"],
         "initial_accuracy": initial["accuracy"],
         "initial_well_formed": initial["well_formed"],
         "final_accuracy": final,

@@ -243,3 +243,22 @@ def test_export_weights_gathers_to_the_hf_weights(groups, model_dir, untied_dir)
         per_rank = ray.get([r.export_weights.remote(deployment, names) for r in groups[2].ranks])
         assert [[name for name, _, _ in shards] for shards in per_rank] == [names, names]
         drop(groups[2], deployment)
+
+
+def test_a_tp2_checkpoint_exports_to_a_hugging_face_folder(groups, batch, model_dir, tmp_path):
+    from engine.artifacts import export_hf
+
+    deployment = ("export-final", "policy")
+    create(groups[2], deployment, model_dir)
+    call_all(groups[2], deployment, "forward_backward", batch=batch, **GRPO)
+    call_all(groups[2], deployment, "optim_step")
+    trained = weights(groups[2], deployment)
+    path = Path(call_all(groups[2], deployment, "save_checkpoint", tag="final")[0]["path"])
+    files = export_hf(path, model_dir, tmp_path / "final")
+    assert {"model.safetensors", "config.json"} <= set(files)
+    exported = load_file(tmp_path / "final" / "model.safetensors")
+    assert exported.keys() == trained.keys()
+    assert all(torch.equal(exported[n], t) for n, t in trained.items())
+    loaded = hf_model(tmp_path / "final")  # transformers reads it (the tied head from the embedding)
+    assert torch.equal(loaded.model.embed_tokens.weight, trained["model.embed_tokens.weight"])
+    drop(groups[2], deployment)

@@ -64,6 +64,23 @@ def test_a_submitted_job_runs_to_success_and_its_events_read_by_cursor(plain_run
     assert any(e["kind"] == "usage" for e in plain_run)
 
 
+def test_the_final_weights_are_a_hugging_face_folder(plain_run, plexrl_home):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    [artifact] = [e["data"] for e in plain_run if e["kind"] == "artifact"]
+    assert artifact["name"] == "final"
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(artifact["files"])
+    [summary] = [e["data"] for e in plain_run if e["kind"] == "summary"]
+    trained = load_file(f"{summary['final_checkpoint']}/model.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(artifact["path"], dtype=torch.float32)
+    state = model.state_dict()
+    assert all(torch.equal(state[name], tensor) for name, tensor in trained.items())
+    base = load_file(plexrl_home / "models" / "tiny-arith" / "model.safetensors")
+    assert any(not torch.equal(base[n], trained[n]) for n in trained if n in base)  # it did train
+
+
 def test_submitting_the_same_job_again_starts_nothing(engine, plain_run):
     status = engine.submit_job("svc-plain", SPEC)
     assert status["state"] == "succeeded"
