@@ -102,3 +102,46 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}#{self.seq} {self.kind}"
+
+
+class Dataset(models.Model):
+    """An organization's own problems (the ``dataset`` task): a JSONL file of ``{"prompt", "answer"}``
+    lines under ``PLEXRL_HOME/datasets/<organization id>/``, validated on upload by the engine's
+    loader. Written and deleted through ``jobs.datasets`` (the file and the row go together)."""
+
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.PROTECT, related_name="datasets")
+    name = models.CharField(max_length=200)
+    path = models.CharField(max_length=1000, unique=True, help_text="The stored JSONL file (absolute).")
+    problems = models.PositiveIntegerField(help_text="How many problems the file holds.")
+    size_bytes = models.PositiveBigIntegerField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                   related_name="datasets")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        constraints = (
+            models.UniqueConstraint(fields=("organization", "name"), name="dataset_unique_name_per_organization"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.problems} problems)"
+
+
+class RegisteredModel(models.Model):
+    """A local Hugging Face model folder that platform staff made available to every organization
+    by name (a job's ``spec.model``); the engine's built-in presets are listed beside them."""
+
+    name = models.CharField(max_length=100, unique=True)
+    path = models.CharField(max_length=1000, help_text="The model folder (absolute): config.json, "
+                                                       "*.safetensors weights and a tokenizer.")
+    description = models.TextField(blank=True)
+    registered_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+                                      related_name="registered_models")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("name",)
+
+    def __str__(self) -> str:
+        return self.name

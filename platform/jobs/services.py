@@ -19,6 +19,8 @@ from billing.selectors import device_hours_in_month
 from engine.errors import SpecError
 from engine.scheduler.core import Policy
 from engine.spec import JobSpec
+from jobs.catalog import resolve_model
+from jobs.datasets import resolve_dataset
 from jobs.models import ACTIVE_STATES, TERMINAL_STATES, DeploymentMode, Job, JobEvent, JobMetric, JobState
 
 PROFILE_STEPS = Policy().profile_steps  # steps a new job runs before the scheduler places it
@@ -72,6 +74,8 @@ def _check_quota(*, organization: Organization, devices: int) -> None:
 def job_create(*, organization: Organization, user: User | None, spec: dict, name: str = "",
                rollout_devices: int = 1, train_devices: int = 1,
                deployment_mode: str = DeploymentMode.ASYNC_SPLIT) -> Job:
+    # a dataset id and a registered model's name become paths (the stored spec keeps the paths)
+    spec = resolve_model(spec=resolve_dataset(organization=organization, spec=spec))
     parsed = parse_spec(spec)
     errors = {}
     for field, value in (("rollout_devices", rollout_devices), ("train_devices", train_devices)):

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from jobs import views
+from jobs import resource_views, views
 
 app_name = "jobs"
 
@@ -14,4 +14,15 @@ urlpatterns = [
     path("jobs/<int:job_id>/resume/", views.JobResumeView.as_view(), name="job-resume"),
     path("jobs/<int:job_id>/metrics/", views.JobMetricsView.as_view(), name="job-metrics"),
     path("jobs/<int:job_id>/events/", views.JobEventsView.as_view(), name="job-events"),
+    path("jobs/<int:job_id>/artifacts/", views.JobArtifactsView.as_view(), name="job-artifacts"),
+    path("jobs/<int:job_id>/artifacts/<slug:name>/<str:filename>", views.JobArtifactFileView.as_view(),
+         name="job-artifact-file"),
+]
+
+# What jobs run on (datasets, models) and where (the cluster): jobs.resource_views.
+urlpatterns += [
+    path("datasets/", resource_views.DatasetListCreateView.as_view(), name="datasets"),
+    path("datasets/<int:dataset_id>/", resource_views.DatasetDetailView.as_view(), name="dataset-detail"),
+    path("models/", resource_views.ModelListCreateView.as_view(), name="models"),
+    path("cluster/", resource_views.ClusterView.as_view(), name="cluster"),
 ]

@@ -8,9 +8,13 @@ Viewers read; members create jobs and act on their own; admins and owners act on
 A transition the job's state does not allow, or a quota it would exceed, answers 409.
 """
 
+from pathlib import Path
+
 from django.db.models import QuerySet
+from django.http import FileResponse, Http404
+from django.urls import reverse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -185,3 +189,58 @@ class JobEventsView(JobView):
         filters.is_valid(raise_exception=True)
         page = self.paginate_queryset(selectors.events_of(job=job, **filters.validated_data))
         return self.get_paginated_response(JobEventSerializer(page, many=True).data)
+
+
+class ArtifactFileSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    size_bytes = serializers.IntegerField()
+    url = serializers.CharField()
+
+
+class ArtifactSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="'final': the weights when training ended.")
+    format = serializers.CharField(help_text="'huggingface': a folder transformers loads (safetensors).")
+    files = ArtifactFileSerializer(many=True)
+
+
+def _artifacts(job: Job) -> dict[str, Path]:
+    """The job's artifact folders by name, as its event log announced them (``artifact`` events)."""
+    return {e.data["name"]: Path(e.data["path"]) for e in selectors.events_of(job=job, kind="artifact")}
+
+
+class JobArtifactsView(JobView):
+    """``GET jobs/{id}/artifacts/``: what a finished job left to download (its final weights as a
+    Hugging Face folder), each file with its download URL."""
+
+    required_roles = role_map(GET=Role.VIEWER)
+    serializer_class = ArtifactSerializer
+    pagination_class = None
+
+    @extend_schema(summary="List a job's artifacts", responses=ArtifactSerializer(many=True))
+    def get(self, request: Request, job_id: int) -> Response:
+        job = self.get_object()
+        out = []
+        for name, folder in _artifacts(job).items():
+            files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+            out.append({"name": name, "format": "huggingface", "files": [
+                {"name": p.name, "size_bytes": p.stat().st_size,
+                 "url": request.build_absolute_uri(reverse("jobs:job-artifact-file", args=[job.pk, name, p.name]))}
+                for p in files]})
+        return Response(ArtifactSerializer(out, many=True).data)
+
+
+class JobArtifactFileView(JobView):
+    """``GET jobs/{id}/artifacts/{name}/{file}``: one file of an artifact, streamed."""
+
+    required_roles = role_map(GET=Role.VIEWER)
+
+    @extend_schema(summary="Download an artifact file", responses={(200, "application/octet-stream"): bytes})
+    def get(self, request: Request, job_id: int, name: str, filename: str) -> FileResponse:
+        job = self.get_object()
+        folder = _artifacts(job).get(name)
+        if folder is None or "/" in filename or filename.startswith("."):
+            raise Http404
+        path = folder / filename
+        if not path.is_file():
+            raise Http404
+        return FileResponse(path.open("rb"), as_attachment=True, filename=filename)

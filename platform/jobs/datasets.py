@@ -1,0 +1,163 @@
+"""An organization's datasets (its own problems for the ``dataset`` task): upload, delete, reads, and
+the resolution of a job spec's ``dataset`` id to the stored file.
+
+An upload is validated by the engine's own loader (``engine.rl.datasets.parse_problems``, whose
+errors name the line) before anything is written; the file is written atomically (a temporary file
+renamed into place) and only then is the row created, so no error leaves a row or a file behind.
+A dataset is deleted in a transaction; its file goes once the transaction commits.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.files.uploadedfile import UploadedFile
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+
+from accounts.models import Organization, User
+from accounts.services import audit_record
+from engine.rl import datasets as engine_datasets
+from jobs.models import ACTIVE_STATES, Dataset, Job
+
+# The engine refuses a bigger file when the job starts; the platform refuses it on upload.
+MAX_BYTES = engine_datasets.MAX_BYTES
+
+
+class DatasetInUse(Exception):
+    """An active job reads the dataset (the API answers 409)."""
+
+
+def datasets_dir(organization: Organization) -> Path:
+    """Where the organization's dataset files live: ``PLEXRL_HOME/datasets/<organization id>/``."""
+    return Path(settings.PLEXRL_HOME) / "datasets" / str(organization.pk)
+
+
+def too_big_message(size: int) -> str:
+    return f"the file is {size} bytes; the limit is {MAX_BYTES} bytes"
+
+
+# --- reads ----------------------------------------------------------------------------------------
+
+
+def datasets_of(*, organization: Organization) -> QuerySet[Dataset]:
+    """The organization's datasets, newest first."""
+    return Dataset.objects.filter(organization=organization).select_related("created_by").order_by("-created_at", "-id")
+
+
+def dataset_get(*, organization: Organization, pk: int) -> Dataset:
+    """One of the organization's datasets; 404 for any other."""
+    return get_object_or_404(datasets_of(organization=organization), pk=pk)
+
+
+# --- writes ---------------------------------------------------------------------------------------
+
+
+def _read_capped(upload: UploadedFile) -> bytes:
+    """The upload's bytes, refusing it as soon as it passes MAX_BYTES (whatever its size claimed)."""
+    chunks, total = [], 0
+    for chunk in upload.chunks():
+        total += len(chunk)
+        if total > MAX_BYTES:
+            raise ValidationError({"file": too_big_message(upload.size if upload.size > MAX_BYTES else total)})
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _write_atomically(directory: Path, data: bytes) -> Path:
+    """Write ``data`` to a new ``<uuid>.jsonl`` in ``directory``: a temporary file, flushed, then
+    renamed into place, so the final name never holds a partial file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"{uuid.uuid4()}.jsonl"
+    tmp = directory / f".{final.name}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
+def dataset_create(*, organization: Organization, user: User | None, name: str, upload: UploadedFile) -> Dataset:
+    """Validate an uploaded JSONL file of problems and store it as one of the organization's datasets.
+
+    Raises ``ValidationError`` ({"name": ...} or {"file": "line 7: ..."}) and then creates nothing."""
+    name = (name or "").strip()
+    if not name:
+        raise ValidationError({"name": "must not be blank"})
+    if upload is None:
+        raise ValidationError({"file": "no file was submitted"})
+    if upload.size is not None and upload.size > MAX_BYTES:  # before reading any of it
+        raise ValidationError({"file": too_big_message(upload.size)})
+    if Dataset.objects.filter(organization=organization, name=name).exists():
+        raise ValidationError({"name": f"a dataset named {name!r} already exists"})
+    data = _read_capped(upload)
+    try:
+        problems = engine_datasets.parse_problems(data.splitlines())  # as the engine's load_problems splits
+    except engine_datasets.DatasetError as exc:
+        raise ValidationError({"file": str(exc)}) from None
+    path = _write_atomically(datasets_dir(organization), data)
+    try:
+        with transaction.atomic():
+            dataset = Dataset.objects.create(organization=organization, name=name, path=str(path),
+                                             problems=len(problems), size_bytes=len(data), created_by=user)
+            audit_record(organization=organization, actor=user, action="dataset.created",
+                         target=f"dataset-{dataset.pk}",
+                         data={"name": name, "problems": len(problems), "size_bytes": len(data)})
+    except IntegrityError:  # the same name, uploaded concurrently
+        path.unlink(missing_ok=True)
+        raise ValidationError({"name": f"a dataset named {name!r} already exists"}) from None
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return dataset
+
+
+def dataset_delete(*, dataset: Dataset, actor: User | None) -> None:
+    """Delete the dataset, unless an active job reads it (``DatasetInUse``); its file goes once the
+    transaction commits."""
+    with transaction.atomic():
+        # job_create holds the same lock while it checks and creates a job
+        Organization.objects.select_for_update().get(pk=dataset.organization_id)
+        dataset = Dataset.objects.select_for_update().get(pk=dataset.pk)
+        users = Job.objects.filter(organization_id=dataset.organization_id, state__in=ACTIVE_STATES,
+                                   spec__dataset=dataset.path).order_by("id")
+        if users.exists():
+            ids = ", ".join(str(pk) for pk in users.values_list("pk", flat=True)[:5])
+            raise DatasetInUse(f"active jobs read this dataset (ids {ids}); cancel them or wait for them to finish")
+        path = Path(dataset.path)
+        audit_record(organization=dataset.organization, actor=actor, action="dataset.deleted",
+                     target=f"dataset-{dataset.pk}", data={"name": dataset.name})
+        dataset.delete()
+        transaction.on_commit(lambda: path.unlink(missing_ok=True))
+
+
+# --- jobs on datasets -----------------------------------------------------------------------------
+
+
+def resolve_dataset(*, organization: Organization, spec: Any) -> Any:
+    """The spec with its ``dataset`` (the id of one of the organization's datasets) replaced by the
+    stored file's path, for the engine. A spec without one comes back as it was.
+
+    Raises ``ValidationError({"spec.dataset": ...})`` for anything but one of the organization's
+    dataset ids: another organization's, an unknown id, or a path (a tenant never names files)."""
+    if not isinstance(spec, dict) or spec.get("dataset") is None:
+        return spec
+    value = spec["dataset"]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValidationError({"spec.dataset": "must be the id of one of your organization's datasets "
+                                               "(GET datasets/)"})
+    path = Dataset.objects.filter(organization=organization, pk=value).values_list("path", flat=True).first()
+    if path is None:
+        raise ValidationError({"spec.dataset": f"no dataset {value} in your organization"})
+    return {**spec, "dataset": path}

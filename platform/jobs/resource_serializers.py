@@ -1,0 +1,72 @@
+"""Input and output shapes of the datasets, models and cluster endpoints (``jobs.resource_views``)."""
+
+from rest_framework import serializers
+
+from accounts.api import StrictFieldsMixin
+from jobs.models import Dataset, JobState
+
+# --- datasets -------------------------------------------------------------------------------------
+
+
+class DatasetUploadSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST datasets/`` (multipart): a name and a JSONL file of ``{"prompt": ..., "answer": ...}`` lines."""
+
+    name = serializers.CharField(max_length=200, help_text="Unique within the organization.")
+    file = serializers.FileField(help_text="JSONL: one {\"prompt\": ..., \"answer\": ...} object a line.")
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    """A dataset; a job trains on it with ``{"task": "dataset", "dataset": <id>, "model": ...}``."""
+
+    created_by = serializers.CharField(source="created_by.username", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = Dataset
+        fields = ("id", "name", "problems", "size_bytes", "created_by", "created_at")
+        read_only_fields = fields
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+
+class ModelRegisterSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST models/`` (platform staff): a local Hugging Face model folder, by name."""
+
+    name = serializers.CharField(max_length=100, help_text="What job specs call it (spec.model).")
+    path = serializers.CharField(max_length=1000, help_text="An absolute folder on the server with config.json, "
+                                                            "*.safetensors weights and a tokenizer file.")
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class ModelEntrySerializer(serializers.Serializer):
+    """A model a job may name: a built-in preset or a registered folder."""
+
+    name = serializers.CharField()
+    builtin = serializers.BooleanField(help_text="An engine preset, built on first use.")
+    path = serializers.CharField(allow_null=True, help_text="The registered folder; null for a preset.")
+    description = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField(allow_null=True, help_text="When it was registered; null for a preset.")
+
+
+# --- cluster --------------------------------------------------------------------------------------
+
+
+class ClusterJobSerializer(serializers.Serializer):
+    """An active job; another organization's is anonymised for all but platform staff (job, name,
+    organization and created_at are null)."""
+
+    job = serializers.IntegerField(allow_null=True)
+    name = serializers.CharField(allow_null=True, allow_blank=True)
+    organization = serializers.CharField(allow_null=True)
+    state = serializers.ChoiceField(choices=JobState.choices)
+    created_at = serializers.DateTimeField(allow_null=True)
+    reserved_devices = serializers.IntegerField()
+    own = serializers.BooleanField(help_text="A job of the request's organization.")
+
+
+class ClusterSerializer(serializers.Serializer):
+    """Every active job of the cluster, in queue order, and their totals."""
+
+    jobs = ClusterJobSerializer(many=True)
+    active_jobs = serializers.IntegerField()
+    reserved_devices = serializers.IntegerField()
