@@ -4,7 +4,7 @@ event logs, keyed by (job, seq)."""
 from django.contrib import admin
 
 from accounts.admin import ReadOnlyAdminMixin
-from billing.models import UsageEntry
+from billing.models import CapacitySample, UsageEntry
 
 
 @admin.register(UsageEntry)
@@ -13,3 +13,9 @@ class UsageEntryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_filter = ("organization", "role", "fn")
     search_fields = ("wpg", "job__name")
     list_select_related = ("job", "organization")
+
+
+@admin.register(CapacitySample)
+class CapacitySampleAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("at", "devices")
+    date_hierarchy = "at"

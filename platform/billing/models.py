@@ -32,3 +32,22 @@ class UsageEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}#{self.seq} {self.fn} on {self.wpg}"
+
+
+class CapacitySample(models.Model):
+    """The cluster's device capacity at one moment, recorded every ``BILLING_CAPACITY_PERIOD_S`` by
+    ``billing.tasks.record_capacity`` from the engine's ``cluster_snapshot``.
+
+    Capacity is a step function: a sample's ``devices`` hold until the next sample; the latest one
+    holds until now, at most two sampling periods (no sample since: the engine was down, and no
+    capacity counts). ``billing.selectors.capacity_device_hours`` integrates it."""
+
+    at = models.DateTimeField(db_index=True)
+    devices = models.FloatField(help_text="Device slots of all the engine's groups together.")
+    groups = models.JSONField(default=list, help_text="The snapshot's groups (name, side, backend, ranks, devices).")
+
+    class Meta:
+        ordering = ("at", "id")
+
+    def __str__(self) -> str:
+        return f"{self.devices:g} devices at {self.at.isoformat()}"

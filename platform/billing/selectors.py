@@ -6,10 +6,12 @@ import calendar
 import datetime as dt
 from typing import Any
 
+from django.conf import settings
 from django.db.models import QuerySet, Sum
+from django.utils import timezone
 
 from accounts.models import Organization
-from billing.models import UsageEntry
+from billing.models import CapacitySample, UsageEntry
 from jobs.models import Job
 
 
@@ -80,8 +82,117 @@ def savings_of(*, organization: Organization) -> dict[str, Any]:
     for job in Job.objects.filter(organization=organization).order_by("-created_at", "-id"):
         jobs.append({"job": job.pk, "name": job.name, "state": job.state,
                      **_savings(rows.get(job.pk, []), job.reserved_devices)})
+    return {"jobs": jobs, "totals": _savings_totals(jobs)}
+
+
+def _savings_totals(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The totals of ``_savings`` rows: all billed against all counterfactual device-hours."""
     billed = sum(j["billed_device_hours"] for j in jobs)
     counterfactual = sum(j["counterfactual_device_hours"] for j in jobs)
-    totals = {"jobs": len(jobs), "billed_device_hours": billed, "counterfactual_device_hours": counterfactual,
-              "savings": 1 - billed / counterfactual if counterfactual > 0 else None}
-    return {"jobs": jobs, "totals": totals}
+    return {"jobs": len(jobs), "billed_device_hours": billed, "counterfactual_device_hours": counterfactual,
+            "savings": 1 - billed / counterfactual if counterfactual > 0 else None}
+
+
+# --- monthly reports ---------------------------------------------------------------------------
+
+
+def parse_month(value: str) -> dt.date:
+    """``"YYYY-MM"`` as the first day of that month; ValueError for anything else (years 1970-9998)."""
+    if not isinstance(value, str) or len(value) != 7 or value[4] != "-" or not (value[:4] + value[5:]).isdigit():
+        raise ValueError("Give a month as YYYY-MM.")
+    year, month = int(value[:4]), int(value[5:])
+    if not 1 <= month <= 12:
+        raise ValueError("The month must be 01 to 12.")
+    if not 1970 <= year <= 9998:
+        raise ValueError("The year must be 1970 to 9998.")
+    return dt.date(year, month, 1)
+
+
+def current_month(now: dt.datetime | None = None) -> dt.date:
+    """The calendar month (UTC) holding ``now`` (default: now), as its first day."""
+    now = (now or timezone.now()).astimezone(dt.UTC)
+    return dt.date(now.year, now.month, 1)
+
+
+def _month_window(month: dt.date) -> tuple[float, float]:
+    return month_bounds(dt.datetime(month.year, month.month, 1, tzinfo=dt.UTC))
+
+
+def _month_label(month: dt.date) -> str:
+    return f"{month.year:04d}-{month.month:02d}"
+
+
+def monthly_summary(*, organization: Organization, month: dt.date) -> dict[str, Any]:
+    """The organization's device-hours in ``month`` (calls by start time, UTC, like
+    ``device_hours_in_month``), per job (most device-hours first) and in total; ``calls``: the calls
+    made (a call held by two groups has a ledger row each and counts once)."""
+    lo, hi = _month_window(month)
+    per_job: dict[int, dict[str, Any]] = {}
+    rows = UsageEntry.objects.filter(organization=organization, start__gte=lo, start__lt=hi).values_list(
+        "job_id", "job__name", "call", "device_seconds")
+    for job_id, name, call, seconds in rows:
+        entry = per_job.setdefault(job_id, {"job": job_id, "name": name, "device_seconds": 0.0, "calls": set()})
+        entry["device_seconds"] += seconds
+        entry["calls"].add(call)
+    jobs = [{"job": j["job"], "name": j["name"], "device_hours": j["device_seconds"] / 3600, "calls": len(j["calls"])}
+            for j in per_job.values()]
+    jobs.sort(key=lambda j: (-j["device_hours"], j["job"]))
+    return {"month": _month_label(month), "device_hours": sum(j["device_hours"] for j in jobs),
+            "calls": sum(j["calls"] for j in jobs), "jobs": jobs}
+
+
+def capacity_device_hours(*, lo: float, hi: float, now: dt.datetime | None = None) -> float:
+    """Device-hours of capacity in [lo, hi) (Unix seconds), from the ``CapacitySample`` rows.
+
+    A sample's devices hold until the next sample; the latest sample holds until ``now`` but at
+    most two sampling periods (``BILLING_CAPACITY_PERIOD_S``): past that the engine was down and no
+    capacity counts. Nothing counts after ``now``."""
+    now_s = (now or timezone.now()).timestamp()
+    hold = 2 * float(settings.BILLING_CAPACITY_PERIOD_S)
+    lo_at = dt.datetime.fromtimestamp(lo, dt.UTC)
+    hi_at = dt.datetime.fromtimestamp(hi, dt.UTC)
+    before = CapacitySample.objects.filter(at__lt=lo_at).order_by("-at", "-id").values_list("at", "devices")[:1]
+    inside = CapacitySample.objects.filter(at__gte=lo_at, at__lt=hi_at).order_by("at", "id").values_list(
+        "at", "devices")
+    after = CapacitySample.objects.filter(at__gte=hi_at).order_by("at", "id").values_list("at", "devices")[:1]
+    samples = [(at.timestamp(), devices) for at, devices in (*before, *inside, *after)]
+    end = min(hi, now_s)
+    total = 0.0
+    for i, (at, devices) in enumerate(samples):
+        until = samples[i + 1][0] if i + 1 < len(samples) else min(now_s, at + hold)
+        start, stop = max(at, lo), min(until, end)
+        if stop > start:
+            total += devices * (stop - start)
+    return total / 3600
+
+
+def cluster_summary(*, month: dt.date, now: dt.datetime | None = None) -> dict[str, Any]:
+    """The whole cluster in ``month`` (platform staff): capacity, what was billed to whom, and the
+    idle device-hours nobody used (the platform's own row, DESIGN section 5).
+
+    ``idle_device_hours`` = capacity - billed, never negative; when more was billed than the
+    samples show as capacity (samples missing while jobs ran), ``over_capacity`` is true and
+    ``over_capacity_device_hours`` says by how much. Each organization's row also has its savings
+    over the month: ``_savings`` of each job's calls that started in the month, totalled."""
+    lo, hi = _month_window(month)
+    capacity = capacity_device_hours(lo=lo, hi=hi, now=now)
+    rows: dict[int, dict[int, list[dict[str, Any]]]] = {}
+    for row in UsageEntry.objects.filter(start__gte=lo, start__lt=hi).values(
+            "organization_id", "job_id", *_SAVINGS_FIELDS):
+        rows.setdefault(row["organization_id"], {}).setdefault(row["job_id"], []).append(row)
+    reserved = {job.pk: job.reserved_devices
+                for job in Job.objects.filter(pk__in={j for jobs in rows.values() for j in jobs}).only(
+                    "id", "rollout_devices", "train_devices")}
+    organizations = []
+    for org in Organization.objects.filter(pk__in=rows).order_by("name", "id"):
+        jobs = [_savings(job_rows, reserved[job_id]) for job_id, job_rows in rows[org.pk].items()]
+        totals = _savings_totals(jobs)
+        organizations.append({"organization": org.pk, "name": org.name,
+                              "device_hours": totals["billed_device_hours"], "jobs": totals["jobs"],
+                              "counterfactual_device_hours": totals["counterfactual_device_hours"],
+                              "savings": totals["savings"]})
+    billed = sum(o["device_hours"] for o in organizations)
+    excess = billed - capacity if billed - capacity > 1e-9 else 0.0  # float noise is not an overrun
+    return {"month": _month_label(month), "capacity_device_hours": capacity, "billed_device_hours": billed,
+            "idle_device_hours": max(0.0, capacity - billed), "over_capacity": excess > 0,
+            "over_capacity_device_hours": excess, "organizations": organizations}

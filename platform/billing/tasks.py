@@ -1,4 +1,5 @@
-"""Periodic billing tasks: quota enforcement (run by the beat every 30 s; idempotent)."""
+"""Periodic billing tasks: quota enforcement (run by the beat every 30 s; idempotent) and the
+cluster capacity sample (every ``BILLING_CAPACITY_PERIOD_S``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from accounts.models import Quota
+from billing.models import CapacitySample
 from billing.selectors import device_hours_in_month
 
 
@@ -33,3 +35,19 @@ def enforce_quotas() -> dict[str, int]:
                 resumed += 1
     # organizations without a quota row have no budget: nothing of theirs was paused by one
     return {"paused": paused, "resumed": resumed}
+
+
+@shared_task
+def record_capacity() -> float:
+    """Store one ``CapacitySample``: the device slots of the engine's groups now (their sum).
+
+    If the engine does not answer, nothing is stored: the gap counts as no capacity (see
+    ``billing.selectors.capacity_device_hours``). A redelivered task adds one more sample of the
+    same step function, which changes nothing billed."""
+    from jobs import engine as engine_client  # looked up per call: the engine handle is made lazily
+
+    snapshot = engine_client.engine().cluster_snapshot()
+    groups = [dict(group) for group in snapshot.get("groups", [])]
+    devices = float(sum(group.get("devices") or 0 for group in groups))
+    CapacitySample.objects.create(at=timezone.now(), devices=devices, groups=groups)
+    return devices

@@ -9,4 +9,6 @@ app_name = "billing"
 urlpatterns = [
     path("billing/usage/", views.UsageListView.as_view(), name="usage"),
     path("billing/savings/", views.SavingsView.as_view(), name="savings"),
+    path("billing/summary/", views.MonthlySummaryView.as_view(), name="summary"),
+    path("billing/cluster/", views.ClusterSummaryView.as_view(), name="cluster"),
 ]

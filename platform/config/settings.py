@@ -194,11 +194,16 @@ CELERY_TASK_IGNORE_RESULT = True  # tasks write their outcome to the database; n
 CELERY_TASK_ACKS_LATE = True  # a worker lost mid-task gets it redelivered: every task is idempotent
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# How often billing.tasks.record_capacity samples the cluster's capacity (seconds). The latest sample
+# counts for at most two periods: no newer one means the engine (or the beat) was down.
+BILLING_CAPACITY_PERIOD_S = 60.0
 CELERY_BEAT_SCHEDULE = {
     # each active job's event log, read by cursor into metrics, events and the usage ledger
     "pull-job-events": {"task": "jobs.tasks.pull_all_events", "schedule": 2.0},
     # organizations over their monthly device-hour budget: pause their jobs (and resume them later)
     "enforce-quotas": {"task": "billing.tasks.enforce_quotas", "schedule": 30.0},
+    # the cluster's device capacity, for the idle row of the cluster billing report
+    "record-capacity": {"task": "billing.tasks.record_capacity", "schedule": BILLING_CAPACITY_PERIOD_S},
 }
 # Keep the worker's real stdout/stderr: Ray (the engine client in the worker) needs their file
 # descriptors, which Celery's logging proxies do not have.
