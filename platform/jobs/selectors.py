@@ -3,7 +3,7 @@ that was itself fetched through the organization (``job_get``)."""
 
 from __future__ import annotations
 
-from django.db.models import Max, QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.shortcuts import get_object_or_404
 
 from accounts.models import Organization
@@ -18,7 +18,10 @@ def jobs_of(*, organization: Organization, state: str | None = None, search: str
         jobs = jobs.filter(state=state)
     if search:
         jobs = jobs.filter(name__icontains=search)
-    return jobs.select_related("created_by").annotate(last_step=Max("metrics__step")).order_by("-created_at", "-id")
+    # a correlated subquery on the (job, step) index, evaluated for the rows a page returns; a
+    # Max() over a join would aggregate every metrics row of every job before paginating
+    last_step = JobMetric.objects.filter(job=OuterRef("pk")).order_by("-step").values("step")[:1]
+    return jobs.select_related("created_by").annotate(last_step=Subquery(last_step)).order_by("-created_at", "-id")
 
 
 def job_get(*, organization: Organization, pk: int) -> Job:
