@@ -30,37 +30,54 @@ def device_hours_in_month(*, organization: Organization, when: dt.datetime) -> f
     return (total or 0.0) / 3600
 
 
-def _savings(rows: list[dict[str, Any]], reserved_devices: int) -> dict[str, Any]:
-    """``job_savings`` of one job's usage rows (``_SAVINGS_FIELDS``) and declared reservation."""
+ROLLOUT_SIDE = frozenset({"generate"})  # calls an async split deployment overlaps with the train side's
+TRAIN_SIDE = frozenset({"forward", "forward_backward", "optim_step"})
+
+
+def _savings(rows: list[dict[str, Any]], reserved_devices: int, mode: str = "isolated_split") -> dict[str, Any]:
+    """``job_savings`` of one job's usage rows (``_SAVINGS_FIELDS``), declared reservation and
+    deployment mode."""
     billed = sum(r["device_seconds"] for r in rows)
     if not rows:
         return {"billed_device_hours": 0.0, "counterfactual_device_hours": 0.0, "savings": None,
-                "isolated_wall_seconds": 0.0}
+                "isolated_wall_seconds": 0.0, "counterfactual_wall_seconds": 0.0}
     calls = {r["call"]: r for r in rows}  # a call held by two groups has a row each; count it once
     span = max(r["end"] for r in rows) - min(r["start"] - r["queued_s"] for r in rows)
     shared_cost = sum(r["queued_s"] + r["setup_s"] for r in calls.values())
     isolated = max(0.0, span - shared_cost)
-    counterfactual = reserved_devices * isolated
+    wall = isolated
+    if mode == "async_split":
+        # one step off-policy: the rollout side's generation overlaps the train side's passes, so
+        # the shorter side's busy time comes off the sequential wall (never below the longer side)
+        def busy(side: frozenset[str]) -> float:
+            return sum(r["end"] - r["start"] - r["setup_s"] for r in calls.values() if r["fn"] in side)
+
+        rollout, train = busy(ROLLOUT_SIDE), busy(TRAIN_SIDE)
+        wall = max(isolated - min(rollout, train), rollout, train)
+    counterfactual = reserved_devices * wall
     return {
         "billed_device_hours": billed / 3600,
         "counterfactual_device_hours": counterfactual / 3600,
         "isolated_wall_seconds": isolated,
+        "counterfactual_wall_seconds": wall,
         "savings": 1 - billed / counterfactual if counterfactual > 0 else None,
     }
 
 
-_SAVINGS_FIELDS = ("call", "start", "end", "queued_s", "setup_s", "device_seconds")
+_SAVINGS_FIELDS = ("call", "fn", "start", "end", "queued_s", "setup_s", "device_seconds")
 
 
 def job_savings(*, job: Any) -> dict[str, Any]:
     """Billed device-hours against the dedicated counterfactual (DESIGN section 5).
 
     Billed: device-seconds of the job's calls, switches included. Counterfactual: the job's
-    declared reservation (rollout + train devices) held for the wall time it would have taken alone:
-    its span on the shared groups less what sharing added (each call's wait for its groups once it
-    could run, and its switch-in time). Savings = 1 - billed / counterfactual."""
+    declared reservation (rollout + train devices) held for the wall time it would have taken alone
+    in its declared deployment mode: its span on the shared groups less what sharing added (each
+    call's wait for its groups once it could run, and its switch-in time); for an async split, less
+    also the overlap of its generation with its training passes. Savings = 1 - billed /
+    counterfactual."""
     rows = list(UsageEntry.objects.filter(job=job).values(*_SAVINGS_FIELDS))
-    return _savings(rows, job.reserved_devices)
+    return _savings(rows, job.reserved_devices, job.deployment_mode)
 
 
 def usage_of(*, organization: Organization, job: int | None = None) -> QuerySet[UsageEntry]:
@@ -81,7 +98,7 @@ def savings_of(*, organization: Organization) -> dict[str, Any]:
     jobs = []
     for job in Job.objects.filter(organization=organization).order_by("-created_at", "-id"):
         jobs.append({"job": job.pk, "name": job.name, "state": job.state,
-                     **_savings(rows.get(job.pk, []), job.reserved_devices)})
+                     **_savings(rows.get(job.pk, []), job.reserved_devices, job.deployment_mode)})
     return {"jobs": jobs, "totals": _savings_totals(jobs)}
 
 
@@ -180,12 +197,12 @@ def cluster_summary(*, month: dt.date, now: dt.datetime | None = None) -> dict[s
     for row in UsageEntry.objects.filter(start__gte=lo, start__lt=hi).values(
             "organization_id", "job_id", *_SAVINGS_FIELDS):
         rows.setdefault(row["organization_id"], {}).setdefault(row["job_id"], []).append(row)
-    reserved = {job.pk: job.reserved_devices
+    declared = {job.pk: (job.reserved_devices, job.deployment_mode)
                 for job in Job.objects.filter(pk__in={j for jobs in rows.values() for j in jobs}).only(
-                    "id", "rollout_devices", "train_devices")}
+                    "id", "rollout_devices", "train_devices", "deployment_mode")}
     organizations = []
     for org in Organization.objects.filter(pk__in=rows).order_by("name", "id"):
-        jobs = [_savings(job_rows, reserved[job_id]) for job_id, job_rows in rows[org.pk].items()]
+        jobs = [_savings(job_rows, *declared[job_id]) for job_id, job_rows in rows[org.pk].items()]
         totals = _savings_totals(jobs)
         organizations.append({"organization": org.pk, "name": org.name,
                               "device_hours": totals["billed_device_hours"], "jobs": totals["jobs"],

@@ -117,7 +117,8 @@ def test_a_cancelled_or_paused_job_keeps_the_platforms_decision(org):
 
 def test_savings_against_the_dedicated_counterfactual(org):
     organization, owner = org
-    job = services.job_create(organization=organization, user=owner, spec=SPEC, rollout_devices=2, train_devices=2)
+    job = services.job_create(organization=organization, user=owner, spec=SPEC, rollout_devices=2, train_devices=2,
+                              deployment_mode="isolated_split")
     # calls on two 1-device groups over [0, 10]: 2 s rollout, 3 s train (queued 1 s first, 0.5 s switch),
     # a 1 s sync held by both groups (one call, two rows)
     services.ingest_events(job=job, events=[
@@ -130,6 +131,12 @@ def test_savings_against_the_dedicated_counterfactual(org):
     assert s["isolated_wall_seconds"] == pytest.approx(isolated)
     assert s["counterfactual_device_hours"] == pytest.approx(4 * isolated / 3600)
     assert s["savings"] == pytest.approx(1 - billed / (4 * isolated))
+    # against an async split, generation (2 s) overlaps the train side's 2.5 s: the wall is 2 s shorter
+    Job.objects.filter(pk=job.pk).update(deployment_mode="async_split")
+    job.refresh_from_db()
+    s = job_savings(job=job)
+    assert s["counterfactual_wall_seconds"] == pytest.approx(isolated - 2.0)
+    assert s["counterfactual_device_hours"] == pytest.approx(4 * (isolated - 2.0) / 3600)
 
 
 def test_quota_enforcement_pauses_over_budget_and_resumes_when_raised(org):
