@@ -45,7 +45,7 @@ def simulate(w: Workload, jobs: list[Job], *, modes: Sequence[str] = MODES, admi
         "workload": w.name,
         "jobs": len(jobs),
         "gpus": w.gpus,
-        "modes": {m: summarise(r, plans, w.gpus) for m, r in results.items()},
+        "modes": {m: summarise(r, plans) for m, r in results.items()},
         "work_floor_device_hours": floor / 3600,
         "sim_wall_seconds": time.perf_counter() - t0,
         "parameters": w.params(),

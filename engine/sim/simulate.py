@@ -39,7 +39,7 @@ import numpy as np
 from engine.metering import UsageRecord, device_seconds
 from engine.scheduler.core import STEP, Dispatch, Policy, Scheduler
 from engine.scheduler.placement import assign_wpgs
-from engine.sim.workload import ModelClass, StepPlan, Workload
+from engine.sim.workload import ModelClass, StepPlan, Workload, isolated_step_mean_s
 
 MODES = ("isolated_split", "colocated", "async_split", "plexrl", "plexrl_backfill")
 SHARED_MODES = ("plexrl", "plexrl_backfill")
@@ -255,7 +255,7 @@ def declared_demand(w: Workload, c: ModelClass) -> tuple[float, float]:
     """Fractions of a rollout replica's and a train WPG's time a job of class ``c`` declares: its
     phase shares of the isolated step (the sync on both sides)."""
     s = w.shares
-    step = c.step_s + w.tool_stall_s
+    step = isolated_step_mean_s(w, c)
     return ((s.rollout + s.sync) * c.step_s / step, (s.logprob + s.train + s.sync) * c.step_s / step)
 
 
@@ -284,7 +284,7 @@ def build_pools(w: Workload, policy: Policy) -> list[Pool]:
     remainder, whole pools); within a pool, devices to rollout and train in proportion to the
     class's declared demand, in whole WPGs."""
     groups = w.gpus // w.group_gpus
-    demand = {c.name: c.fraction * (c.rollout_gpus + c.train_gpus) * (c.step_s + w.tool_stall_s) for c in w.classes}
+    demand = {c.name: c.fraction * (c.rollout_gpus + c.train_gpus) * isolated_step_mean_s(w, c) for c in w.classes}
     total = sum(demand.values())
     size = {c.name: max(1, math.ceil((c.rollout_gpus + c.train_gpus) / w.group_gpus)) for c in w.classes}
     want = {n: groups * d / total / size[n] for n, d in demand.items()}
@@ -555,7 +555,7 @@ def run_mode(mode: str, w: Workload, plans: list[StepPlan], **kwargs: Any) -> Mo
     return result
 
 
-def summarise(result: ModeResult, plans: Iterable[StepPlan], cluster_gpus: int) -> dict[str, Any]:
+def summarise(result: ModeResult, plans: Iterable[StepPlan]) -> dict[str, Any]:
     plans = list(plans)
     arrivals = {p.job.id: p.job.arrival for p in plans}
     billed = device_seconds(result.usage)

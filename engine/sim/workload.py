@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -348,7 +348,3 @@ def load_jobs_csv(path: Path, w: Workload) -> list[Job]:
     if not jobs:
         raise ValueError(f"{path}: no jobs")
     return sorted(jobs, key=lambda j: (j.arrival, j.id))
-
-
-def with_overrides(w: Workload, **overrides: Any) -> Workload:
-    return replace(w, **{k: v for k, v in overrides.items() if v is not None})
