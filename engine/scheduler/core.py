@@ -306,9 +306,11 @@ class Scheduler:
         seconds = sum((self.switch_costs.get((call.deployment, w), self.policy.default_setup_s) for w in switches), 0.0)
         return seconds, switches
 
-    def ratio(self, call: Call, now: float) -> float:
-        setup, _ = self.setup_estimate(call)
-        return hrrs_ratio(now - call.submitted, self.estimates.get(call.job, call.fn), setup,
+    def ratio(self, call: Call, now: float, setup_s: float | None = None) -> float:
+        """``call``'s HRRS ratio at ``now``; ``setup_s``: its setup estimate, when already known."""
+        if setup_s is None:
+            setup_s, _ = self.setup_estimate(call)
+        return hrrs_ratio(now - call.submitted, self.estimates.get(call.job, call.fn), setup_s,
                           self.weights.get(call.tenant, 1.0))
 
     def _key(self, call: Call, now: float, setup: tuple[float, tuple[str, ...]]) -> tuple:
@@ -317,9 +319,7 @@ class Scheduler:
         if now - call.submitted >= self.policy.max_wait_s:
             return (0, call.submitted, call.id)
         seconds, switches = setup
-        ratio = hrrs_ratio(now - call.submitted, self.estimates.get(call.job, call.fn), seconds,
-                           self.weights.get(call.tenant, 1.0))
-        return (1, -ratio, len(switches), call.id)
+        return (1, -self.ratio(call, now, seconds), len(switches), call.id)
 
     # -- the decision ---------------------------------------------------------------------------
     def decide(self, now: float) -> list[Dispatch | Prefetch]:
@@ -332,12 +332,12 @@ class Scheduler:
         decisions: list[Dispatch | Prefetch] = []
         held: set[str] = set()  # WPGs kept free for an overdue call that waits for others
         self._take_marks(now)
-        free = set(self._free)
-        if not free:
+        if not self._free:
             return decisions  # nothing can start (and nothing started, so no hint is due)
         eligible = self.eligible(now)
         overdue = now - self.policy.max_wait_s
-        candidates = [c for c in eligible if c.submitted <= overdue or all(w in free for w in c.wpgs)]
+        # ranked before anything starts, so the WPGs free now are those the filter must see
+        candidates = [c for c in eligible if c.submitted <= overdue or all(w in self._free for w in c.wpgs)]
         setups = {c.id: self.setup_estimate(c) for c in candidates}
         started: list[str] = []
         for call in sorted(candidates, key=lambda c: self._key(c, now, setups[c.id])):
