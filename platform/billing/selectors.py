@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from accounts.models import Organization
 from billing.models import CapacitySample, UsageEntry
+from engine.scheduler.placement import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
 from jobs.models import Job
 
 
@@ -30,8 +31,10 @@ def device_hours_in_month(*, organization: Organization, when: dt.datetime) -> f
     return (total or 0.0) / 3600
 
 
-ROLLOUT_SIDE = frozenset({"generate"})  # calls an async split deployment overlaps with the train side's
-TRAIN_SIDE = frozenset({"forward", "forward_backward", "optim_step"})
+# The calls an async split deployment overlaps: the rollout side's generation against the train
+# side's passes (the engine's function sets, less the weight sync and checkpoints, which neither overlaps).
+ROLLOUT_SIDE = ROLLOUT_FUNCTIONS - {"sync_weights"}
+TRAIN_SIDE = TRAIN_FUNCTIONS - {"save_checkpoint", "load_checkpoint"}
 
 
 def _savings(rows: list[dict[str, Any]], reserved_devices: int, mode: str = "isolated_split") -> dict[str, Any]:

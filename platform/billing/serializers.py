@@ -39,22 +39,27 @@ class UsageEntrySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class JobSavingsSerializer(serializers.Serializer):
-    """One job's billed device-hours against its dedicated counterfactual (null savings: nothing ran)."""
+class SavingsFiguresSerializer(serializers.Serializer):
+    """Billed device-hours against the dedicated counterfactual (``billing.selectors``' savings);
+    ``savings`` is null when nothing ran. Every savings shape of the API extends this one."""
+
+    billed_device_hours = serializers.FloatField()
+    counterfactual_device_hours = serializers.FloatField()
+    savings = serializers.FloatField(allow_null=True)
+
+
+class JobSavingsSerializer(SavingsFiguresSerializer):
+    """One job's savings row."""
 
     job = serializers.IntegerField()
     name = serializers.CharField()
     state = serializers.ChoiceField(choices=JobState.choices)
-    billed_device_hours = serializers.FloatField()
-    counterfactual_device_hours = serializers.FloatField()
-    savings = serializers.FloatField(allow_null=True)
+
+    CSV_FIELDS = ("job", "name", "state", "billed_device_hours", "counterfactual_device_hours", "savings")
 
 
-class SavingsTotalsSerializer(serializers.Serializer):
+class SavingsTotalsSerializer(SavingsFiguresSerializer):
     jobs = serializers.IntegerField()
-    billed_device_hours = serializers.FloatField()
-    counterfactual_device_hours = serializers.FloatField()
-    savings = serializers.FloatField(allow_null=True)
 
 
 class SavingsReportSerializer(serializers.Serializer):

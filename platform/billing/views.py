@@ -50,7 +50,7 @@ class SavingsView(OrgAPIView):
 
     required_roles = role_map(GET=Role.VIEWER)
     renderer_classes = (*api_settings.DEFAULT_RENDERER_CLASSES, CSVRenderer)
-    csv_fields = tuple(JobSavingsSerializer().fields)
+    csv_fields = JobSavingsSerializer.CSV_FIELDS
 
     @extend_schema(
         summary="Show savings",

@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from accounts.api import StrictFieldsMixin
 from billing.selectors import job_savings
+from billing.serializers import SavingsFiguresSerializer
 from jobs.models import DeploymentMode, Job, JobEvent, JobMetric, JobState
 from jobs.services import MAX_DEVICES_DECLARED
 
@@ -69,13 +70,10 @@ class EventFilterSerializer(serializers.Serializer):
 # --- output -------------------------------------------------------------------------------------
 
 
-class SavingsSerializer(serializers.Serializer):
-    """Billed device-hours against the dedicated counterfactual; ``savings`` is null until it ran."""
+class SavingsSerializer(SavingsFiguresSerializer):
+    """A job's savings so far, with the wall time it would have taken alone."""
 
-    billed_device_hours = serializers.FloatField()
-    counterfactual_device_hours = serializers.FloatField()
     isolated_wall_seconds = serializers.FloatField()
-    savings = serializers.FloatField(allow_null=True)
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -147,3 +145,15 @@ class ConflictSerializer(serializers.Serializer):
 
     detail = serializers.CharField()
     limit = serializers.CharField(required=False)
+
+
+class ArtifactFileSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    size_bytes = serializers.IntegerField()
+    url = serializers.CharField()
+
+
+class ArtifactSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="'final': the weights when training ended.")
+    format = serializers.CharField(help_text="'huggingface': a folder transformers loads (safetensors).")
+    files = ArtifactFileSerializer(many=True)

@@ -23,6 +23,7 @@ from accounts.models import Role
 from jobs import selectors, services
 from jobs.models import Job
 from jobs.serializers import (
+    ArtifactSerializer,
     ConflictSerializer,
     EventFilterSerializer,
     JobCancelSerializer,
@@ -98,6 +99,18 @@ class JobView(OrgGenericAPIView):
             require_role(self.request, Role.ADMIN)
         return job
 
+    def act(self, service, body: type[serializers.Serializer] = EmptySerializer) -> Response:
+        """A lifecycle action: ``service(job=, actor=, **body)`` on the job acted on; a state that
+        does not allow it answers 409."""
+        job = self.get_acted_on()
+        serializer = body(data=self.request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            job = service(job=job, actor=self.request.user, **serializer.validated_data)
+        except services.InvalidTransition as exc:
+            raise Conflict(str(exc)) from None
+        return _detail(self.request, job)
+
 
 class JobDetailView(JobView):
     """``GET jobs/{id}/``: one job with its spec, state, progress and savings so far."""
@@ -119,14 +132,7 @@ class JobCancelView(JobView):
         summary="Cancel a job", request=JobCancelSerializer, responses={200: JobDetailSerializer, 409: CONFLICT}
     )
     def post(self, request: Request, job_id: int) -> Response:
-        job = self.get_acted_on()
-        serializer = JobCancelSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        try:
-            job = services.job_cancel(job=job, actor=request.user, reason=serializer.validated_data["reason"])
-        except services.InvalidTransition as exc:
-            raise Conflict(str(exc)) from None
-        return _detail(request, job)
+        return self.act(services.job_cancel, JobCancelSerializer)
 
 
 class JobPauseView(JobView):
@@ -136,13 +142,7 @@ class JobPauseView(JobView):
 
     @extend_schema(summary="Pause a job", request=None, responses={200: JobDetailSerializer, 409: CONFLICT})
     def post(self, request: Request, job_id: int) -> Response:
-        job = self.get_acted_on()
-        EmptySerializer(data=request.data).is_valid(raise_exception=True)
-        try:
-            job = services.job_pause(job=job, actor=request.user)
-        except services.InvalidTransition as exc:
-            raise Conflict(str(exc)) from None
-        return _detail(request, job)
+        return self.act(services.job_pause)
 
 
 class JobResumeView(JobView):
@@ -152,13 +152,7 @@ class JobResumeView(JobView):
 
     @extend_schema(summary="Resume a job", request=None, responses={200: JobDetailSerializer, 409: CONFLICT})
     def post(self, request: Request, job_id: int) -> Response:
-        job = self.get_acted_on()
-        EmptySerializer(data=request.data).is_valid(raise_exception=True)
-        try:
-            job = services.job_resume(job=job, actor=request.user)
-        except services.InvalidTransition as exc:
-            raise Conflict(str(exc)) from None
-        return _detail(request, job)
+        return self.act(services.job_resume)
 
 
 class JobMetricsView(JobView):
@@ -189,18 +183,6 @@ class JobEventsView(JobView):
         filters.is_valid(raise_exception=True)
         page = self.paginate_queryset(selectors.events_of(job=job, **filters.validated_data))
         return self.get_paginated_response(JobEventSerializer(page, many=True).data)
-
-
-class ArtifactFileSerializer(serializers.Serializer):
-    name = serializers.CharField()
-    size_bytes = serializers.IntegerField()
-    url = serializers.CharField()
-
-
-class ArtifactSerializer(serializers.Serializer):
-    name = serializers.CharField(help_text="'final': the weights when training ended.")
-    format = serializers.CharField(help_text="'huggingface': a folder transformers loads (safetensors).")
-    files = ArtifactFileSerializer(many=True)
 
 
 def _artifacts(job: Job) -> dict[str, Path]:
