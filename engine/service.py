@@ -151,9 +151,9 @@ class EngineService:
             driver = self.drivers.get(job_id)
             if driver is None:
                 return self.status(job_id)  # not running here (finished, or unknown: raises)
-            current = self.status(job_id).get("state")
-            if (current == "paused") == paused:
-                return self.status(job_id)
+            current = self.status(job_id)
+            if (current.get("state") == "paused") == paused:
+                return current  # already so: nothing to do, nothing logged
             scheduler = scheduler_service()
             # queued calls stay queued while paused (never dropped); the running one finishes
             ray.get((scheduler.pause if paused else scheduler.resume).remote(job_id))
