@@ -35,13 +35,17 @@ class SchedulerService:
         self._waiting: dict[int, tuple[asyncio.Future, Request | ray.ObjectRef]] = {}
         self._tasks: set[asyncio.Task] = set()
         self._timer: asyncio.TimerHandle | None = None
+        # The clock of every usage record: Unix seconds (billing attributes calls to calendar months,
+        # the dashboard draws them on a wall-clock timeline), advancing monotonically from the wall
+        # time at start-up, so a clock adjustment never makes a call's end precede its start.
         self._origin = time.monotonic()
+        self._wall_origin = time.time()
         self.switches = 0
         self.switch_seconds = 0.0
         self.prefetches = 0
 
     def _now(self) -> float:
-        return time.monotonic() - self._origin
+        return self._wall_origin + (time.monotonic() - self._origin)
 
     def add_groups(self, groups: list[Any]) -> None:
         """Register worker groups (idempotent by name; a restarted group replaces the old handle)."""

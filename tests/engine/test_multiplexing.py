@@ -102,6 +102,9 @@ def test_every_call_yields_one_usage_record(runs):
         for u in usage:
             assert u["end"] >= u["start"]
             assert u["devices"] == DEVICES
+        for e in events:  # on the wall clock (Unix seconds): logged just after the call ended
+            if e["kind"] == "usage":
+                assert e["ts"] - 120 < e["data"]["start"] <= e["data"]["end"] <= e["ts"] + 0.5
             assert u["setup_s"] >= 0
         assert {u["fn"] for u in usage} >= {"create", "generate", "forward_backward", "optim_step", "sync_weights"}
 
