@@ -28,7 +28,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from django.contrib.sessions.backends.base import SessionBase
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import HttpRequest
 from rest_framework import exceptions, serializers
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import BasePermission, IsAuthenticated
@@ -38,7 +40,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.viewsets import GenericViewSet
 
 from accounts import selectors
-from accounts.models import ApiToken, Membership, Organization, Role
+from accounts.models import ApiToken, Membership, Organization, Role, User
 
 # Where a browser session keeps its current organization (switched by POST organizations/{id}/switch/).
 ORGANIZATION_SESSION_KEY = "organization_id"
@@ -61,7 +63,7 @@ DEFAULT_REQUIRED_ROLES = role_map(
 # --- organization resolution ---------------------------------------------------------------------
 
 
-def resolve_organization(request: Request) -> tuple[Organization | None, Membership | None]:
+def resolve_organization(request: Request | HttpRequest) -> tuple[Organization | None, Membership | None]:
     """The organization a request acts in and the user's membership there, or (None, None).
 
     - A bearer token: the token's organization; a token whose user is no longer a member there
@@ -70,17 +72,34 @@ def resolve_organization(request: Request) -> tuple[Organization | None, Members
       there, else the user's first organization by id (remembered in the session).
     - Anonymous, or a session user of no organization: (None, None).
 
-    Called once per request by ``OrganizationScopedMixin.perform_authentication``.
+    Called once per request by ``OrganizationScopedMixin.perform_authentication``, and by the web
+    pages (``config.pages``) with a plain Django request, which has a session and no ``auth``.
     """
     user = request.user
     if not user.is_authenticated:
         return None, None
-    if isinstance(request.auth, ApiToken):
-        membership = selectors.membership_of(user=user, organization=request.auth.organization)
-        if membership is None:
-            raise exceptions.AuthenticationFailed("This token's user is no longer a member of its organization.")
-        return membership.organization, membership
-    session = getattr(request, "session", None)
+    token = getattr(request, "auth", None)
+    if isinstance(token, ApiToken):
+        membership = token_membership(user=user, token=token)
+    else:
+        membership = session_membership(user=user, session=getattr(request, "session", None))
+    return (membership.organization if membership else None), membership
+
+
+def token_membership(*, user: User, token: ApiToken) -> Membership:
+    """The membership a bearer token acts as: its user's, in the token's organization. Raises
+    ``AuthenticationFailed`` when the user is no longer a member there. Shared by the REST API
+    (``resolve_organization``) and the websockets (``accounts.websocket``)."""
+    membership = selectors.membership_of(user=user, organization=token.organization_id)
+    if membership is None:
+        raise exceptions.AuthenticationFailed("This token's user is no longer a member of its organization.")
+    return membership
+
+
+def session_membership(*, user: User, session: SessionBase | None) -> Membership | None:
+    """The membership a browser session acts as: ``session["organization_id"]`` if the user is
+    still a member there, else the user's first organization by id (remembered in the session);
+    None for a user of no organization. Shared like ``token_membership``."""
     stored = session.get(ORGANIZATION_SESSION_KEY) if session is not None else None
     membership = selectors.membership_of(user=user, organization=stored) if isinstance(stored, int) else None
     if membership is None:
@@ -90,7 +109,7 @@ def resolve_organization(request: Request) -> tuple[Organization | None, Members
                 session.pop(ORGANIZATION_SESSION_KEY, None)
             else:
                 session[ORGANIZATION_SESSION_KEY] = membership.organization_id
-    return (membership.organization if membership else None), membership
+    return membership
 
 
 def switch_organization(request: Request, membership: Membership) -> None:

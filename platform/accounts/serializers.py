@@ -109,6 +109,14 @@ class TokenCreatedSerializer(TokenSerializer):
         return self.context["plaintext"]
 
 
+class WebsocketTicketSerializer(serializers.Serializer):
+    """``POST ws-ticket/``: a ticket for one websocket connection (``?ticket=``)."""
+
+    ticket = serializers.CharField(help_text="Pass as ?ticket= when opening /ws/...; bound to you and "
+                                             "the organization you act in.")
+    expires_in = serializers.IntegerField(help_text="Seconds the ticket stays valid for opening a connection.")
+
+
 # --- organizations and members --------------------------------------------------------------------
 
 

@@ -24,4 +24,5 @@ urlpatterns = [
     ),
     path("quota/", views.QuotaView.as_view(), name="quota"),
     path("audit/", views.AuditLogView.as_view(), name="audit"),
+    path("ws-ticket/", views.WebsocketTicketView.as_view(), name="ws-ticket"),
 ]

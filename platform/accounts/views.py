@@ -30,7 +30,9 @@ from accounts.serializers import (
     TokenCreatedSerializer,
     TokenCreateSerializer,
     TokenSerializer,
+    WebsocketTicketSerializer,
 )
+from accounts.websocket import TICKET_MAX_AGE_S, ticket_issue
 
 
 def _created_token(token: ApiToken, plaintext: str) -> Response:
@@ -113,6 +115,26 @@ class TokenRevokeView(OrgAPIView):
             tokens = selectors.tokens_for(user=request.user, organization=request.organization)
         token = services.token_revoke(token=get_object_or_404(tokens, pk=token_id), actor=request.user)
         return Response(TokenSerializer(token).data)
+
+
+class WebsocketTicketView(OrgAPIView):
+    """``POST ws-ticket/``: a ticket to open a websocket with (``/ws/...?ticket=``), valid for
+    ``TICKET_MAX_AGE_S`` seconds and bound to you and the organization this request acts in.
+
+    For clients that cannot send an ``Authorization`` header on a websocket (a browser's
+    ``WebSocket``), so that a long-lived token never goes in a URL. Any member may ask; platform
+    staff without an organization get one for the cluster socket.
+    """
+
+    organization_required = False  # staff without an organization watch the cluster too
+
+    @extend_schema(summary="Get a websocket ticket", request=None, responses={200: WebsocketTicketSerializer})
+    def post(self, request: Request) -> Response:
+        EmptySerializer(data=request.data).is_valid(raise_exception=True)
+        if request.membership is None and not request.user.is_staff:
+            raise exceptions.PermissionDenied("You are not a member of any organization.")
+        ticket = ticket_issue(user=request.user, organization=request.organization)
+        return Response(WebsocketTicketSerializer({"ticket": ticket, "expires_in": TICKET_MAX_AGE_S}).data)
 
 
 # --- organizations ------------------------------------------------------------------------------

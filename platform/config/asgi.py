@@ -1,4 +1,5 @@
-"""ASGI entry point (daphne / uvicorn): ``config.asgi:application``.
+"""ASGI entry point (daphne / uvicorn): ``config.asgi:application``: HTTP through Django, websockets
+through Channels (``config.routing``).
 
 A server imports this as ``config.*``, so ``platform/`` is usually on the path already (often as
 a relative entry such as the working directory); the helper then only pins its absolute path, so
@@ -20,4 +21,10 @@ except ModuleNotFoundError:  # a checkout that was never pip-installed: plexrl.p
 plexrl.add_platform_to_path()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-application = get_asgi_application()
+django_http = get_asgi_application()  # sets Django up before anything imports models
+
+from channels.routing import ProtocolTypeRouter  # noqa: E402  (after Django is set up)
+
+from config.routing import websocket_application  # noqa: E402
+
+application = ProtocolTypeRouter({"http": django_http, "websocket": websocket_application})

@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "channels",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's files, served locally: /api/docs/ works offline
@@ -87,6 +88,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # frontend/static served by the ASGI process itself (embedded mode has no other web server)
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -109,6 +112,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "config.pages.navigation",  # the site header's organizations (lazy)
             ],
         },
     },
@@ -125,6 +129,14 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": PLEXRL_HOME / "db.sqlite3",
+            # The embedded platform writes from several threads (web, Celery worker, beat): WAL lets
+            # readers run beside the writer, IMMEDIATE transactions take the write lock up front
+            # (no lock upgrade that fails mid-transaction), and a writer waits up to 30 s for it.
+            "OPTIONS": {
+                "timeout": 30,
+                "transaction_mode": "IMMEDIATE",
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
         }
     }
 
@@ -147,6 +159,23 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
 STATIC_ROOT = PLEXRL_HOME / "static"
+# WhiteNoise serves straight from the finders (frontend/static, the apps' static folders): the
+# embedded platform runs without `collectstatic`; a production deployment may still collect.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# Websocket fan-out (jobs/consumers.py): Redis across processes (web, Celery worker) when REDIS_URL
+# is set; in memory for the embedded platform, whose web server and Celery worker share a process.
+if REDIS_URL:
+    # socket_timeout above channels-redis's 5 s blocking receive: redis-py 8 defaults to 5 s, so an
+    # idle socket's receive timed out and daphne closed it with 1011 (channels_redis issue 422);
+    # the connect timeout bounds how long a push after commit waits for a Redis that is down.
+    _REDIS_HOST = {"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 5}
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [_REDIS_HOST]}},
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "config.layers.LoopSafeInMemoryChannelLayer"}}
 
 # Every API view derives from accounts.api's OrgAPIView family (the tenant, resolved once).
 REST_FRAMEWORK = {
@@ -181,7 +210,7 @@ SPECTACULAR_SETTINGS = {
 
 # django.contrib.auth's login, logout and password change/reset pages live under /accounts/.
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "/api/docs/"
+LOGIN_REDIRECT_URL = "pages:jobs"
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "plexrl@localhost")
 

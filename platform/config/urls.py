@@ -1,5 +1,6 @@
-"""Root URL configuration: the REST API under /api/v1/, its OpenAPI schema and docs, the admin
-and django.contrib.auth's login and password pages under /accounts/."""
+"""Root URL configuration: the dashboard's pages (``config.pages``) at the root, the REST API under
+/api/v1/, its OpenAPI schema and docs, the admin and django.contrib.auth's login and password pages
+under /accounts/."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -16,4 +17,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
+    path("", include("config.pages")),
 ]

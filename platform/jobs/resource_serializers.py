@@ -3,6 +3,7 @@
 from rest_framework import serializers
 
 from accounts.api import StrictFieldsMixin
+from jobs.cluster import TIMELINE_MAX_WINDOW_S, TIMELINE_WINDOW_S
 from jobs.models import Dataset, JobState
 
 # --- datasets -------------------------------------------------------------------------------------
@@ -64,9 +65,53 @@ class ClusterJobSerializer(serializers.Serializer):
     own = serializers.BooleanField(help_text="A job of the request's organization.")
 
 
+class ClusterQuerySerializer(serializers.Serializer):
+    """``GET cluster/`` query parameters."""
+
+    window = serializers.IntegerField(min_value=1, max_value=TIMELINE_MAX_WINDOW_S, default=TIMELINE_WINDOW_S,
+                                      help_text="Seconds of device timeline to return, ending now.")
+
+
+class ClusterIntervalSerializer(serializers.Serializer):
+    """One call's device interval on a WPG (the cluster socket's ``usage`` message, plus ``seq``);
+    another organization's is anonymised for all but platform staff (job, name, organization null)."""
+
+    seq = serializers.IntegerField(help_text="The usage entry's id: the cluster socket's ?last_seq=.")
+    wpg = serializers.CharField()
+    job = serializers.IntegerField(allow_null=True)
+    name = serializers.CharField(allow_null=True, allow_blank=True)
+    organization = serializers.CharField(allow_null=True)
+    own = serializers.BooleanField(help_text="A call of the request's organization.")
+    fn = serializers.CharField()
+    role = serializers.CharField()
+    devices = serializers.FloatField()
+    start = serializers.FloatField(help_text="Unix seconds.")
+    end = serializers.FloatField(help_text="Unix seconds.")
+
+
+class ClusterTimelineSerializer(serializers.Serializer):
+    """The calls that ended in [since, until], by start."""
+
+    since = serializers.FloatField(help_text="Unix seconds.")
+    until = serializers.FloatField(help_text="Unix seconds (now).")
+    intervals = ClusterIntervalSerializer(many=True)
+    truncated = serializers.BooleanField(help_text="More calls ended in the window; only the newest are listed.")
+
+
+class ClusterUtilisationSerializer(serializers.Serializer):
+    """How busy one WPG was over the timeline's window."""
+
+    wpg = serializers.CharField()
+    devices = serializers.FloatField(help_text="The most devices any of its calls held.")
+    busy_fraction = serializers.FloatField(help_text="Share of the window in which a call ran on it (0..1).")
+
+
 class ClusterSerializer(serializers.Serializer):
-    """Every active job of the cluster, in queue order, and their totals."""
+    """Every active job of the cluster, in queue order, and their totals; the device timeline of
+    the last ``window`` seconds and each WPG's utilisation over it."""
 
     jobs = ClusterJobSerializer(many=True)
     active_jobs = serializers.IntegerField()
     reserved_devices = serializers.IntegerField()
+    timeline = ClusterTimelineSerializer()
+    utilisation = ClusterUtilisationSerializer(many=True)

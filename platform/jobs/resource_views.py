@@ -21,6 +21,7 @@ from accounts.models import Role
 from jobs import catalog, cluster, datasets
 from jobs.models import Dataset
 from jobs.resource_serializers import (
+    ClusterQuerySerializer,
     ClusterSerializer,
     DatasetSerializer,
     DatasetUploadSerializer,
@@ -149,14 +150,20 @@ class ModelListCreateView(OrgAPIView):
 
 
 class ClusterView(OrgAPIView):
-    """``GET cluster/``: every active job of the cluster in queue order, with the devices each
-    reserves. Staff see every job in full; others see their organization's in full and the rest
-    anonymised (state and devices only). Read from the database; the engine is not asked."""
+    """``GET cluster/?window=600``: every active job of the cluster in queue order, with the devices
+    each reserves; the device timeline of the last ``window`` seconds (1..86400) and each WPG's
+    utilisation over it. Staff see everything in full; others see their organization's in full
+    and the rest anonymised. Read from the database; the engine is not asked. The live
+    continuation of the timeline is the ``/ws/cluster/?last_seq=`` socket (``jobs.consumers``)."""
 
     organization_required = False
     permission_classes = (IsAuthenticated, HasOrgRole, StaffOrOrgMember)
 
-    @extend_schema(summary="Show the cluster's active jobs", responses=ClusterSerializer)
+    @extend_schema(summary="Show the cluster's active jobs and device timeline", parameters=[ClusterQuerySerializer],
+                   responses=ClusterSerializer)
     def get(self, request: Request) -> Response:
-        return Response(ClusterSerializer(cluster.cluster_view(user=request.user,
-                                                               organization=request.organization)).data)
+        query = ClusterQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        view = cluster.cluster_view(user=request.user, organization=request.organization,
+                                    window=query.validated_data["window"])
+        return Response(ClusterSerializer(view).data)

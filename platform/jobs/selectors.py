@@ -34,9 +34,12 @@ def active_jobs_count(*, organization: Organization) -> int:
     return Job.objects.filter(organization=organization, state__in=ACTIVE_STATES).count()
 
 
-def metrics_of(*, job: Job) -> QuerySet[JobMetric]:
-    """The job's per-step metrics, by step."""
-    return JobMetric.objects.filter(job=job).order_by("step")
+def metrics_of(*, job: Job, after_seq: int = 0) -> QuerySet[JobMetric]:
+    """The job's per-step metrics, by step; ``after_seq``: only those logged after that seq."""
+    metrics = JobMetric.objects.filter(job=job)
+    if after_seq:
+        metrics = metrics.filter(seq__gt=after_seq)
+    return metrics.order_by("step")
 
 
 def events_of(*, job: Job, after_seq: int = 0, kind: str | None = None) -> QuerySet[JobEvent]:

@@ -1,6 +1,7 @@
 """Writes on jobs: create (validated by the engine's JobSpec, quota-checked), cancel, pause, resume,
 and the ingestion of a job's event log. Each runs in one transaction; its audit row goes in the
-same transaction and its Celery send after commit (a rolled-back create launches nothing)."""
+same transaction, its Celery send and its live pushes to the dashboard's websockets
+(``jobs.broadcast``) after commit (a rolled-back write launches and pushes nothing)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from billing.selectors import device_hours_in_month
 from engine.errors import SpecError
 from engine.scheduler.core import Policy
 from engine.spec import JobSpec
+from jobs import broadcast
 from jobs.catalog import resolve_model
 from jobs.datasets import resolve_dataset
 from jobs.models import ACTIVE_STATES, TERMINAL_STATES, DeploymentMode, Job, JobEvent, JobMetric, JobState
@@ -115,6 +117,7 @@ def job_cancel(*, job: Job, actor: User | None, reason: str = "") -> Job:
         audit_record(organization=job.organization, actor=actor, action="job.cancelled", target=job.engine_id,
                      data={"reason": job.state_reason})
         transaction.on_commit(lambda: tasks.cancel_job.delay(job.pk, job.state_reason))
+        broadcast.send_on_commit(broadcast.job_group(job.pk), [broadcast.job_message(job)])
     return job
 
 
@@ -131,6 +134,7 @@ def job_pause(*, job: Job, actor: User | None, by_quota: bool = False) -> Job:
         audit_record(organization=job.organization, actor=actor, action="job.paused", target=job.engine_id,
                      data={"by_quota": by_quota})
         transaction.on_commit(lambda: tasks.pause_job.delay(job.pk))
+        broadcast.send_on_commit(broadcast.job_group(job.pk), [broadcast.job_message(job)])
     return job
 
 
@@ -146,6 +150,7 @@ def job_resume(*, job: Job, actor: User | None) -> Job:
         job.save()
         audit_record(organization=job.organization, actor=actor, action="job.resumed", target=job.engine_id)
         transaction.on_commit(lambda: tasks.resume_job.delay(job.pk))
+        broadcast.send_on_commit(broadcast.job_group(job.pk), [broadcast.job_message(job)])
     return job
 
 
@@ -166,12 +171,16 @@ def ingest_events(*, job: Job, events: list[dict[str, Any]]) -> int:
     new. Replaying events already ingested changes nothing (unique by (job, seq), and the cursor).
 
     State follows the log, except where the platform already decided: a job the platform cancelled
-    stays cancelled; a paused job stays paused until the platform resumes it."""
+    stays cancelled; a paused job stays paused until the platform resumes it.
+
+    After commit, the rows stored push to the job's websocket group (metrics and other events, then
+    a job snapshot if its state changed) and the usage entries to the cluster's."""
     with transaction.atomic():
         job = _locked(job)
         fresh = [e for e in events if e["seq"] > job.event_cursor]
         if not fresh:
             return 0
+        before = _state_of(job)
         metrics, usage, other = [], [], []
         for e in fresh:
             kind, data = e["kind"], e["data"]
@@ -196,7 +205,33 @@ def ingest_events(*, job: Job, events: list[dict[str, Any]]) -> int:
             job.state = JobState.RUNNING
         job.event_cursor = max(e["seq"] for e in fresh)
         job.save()
+        _push_ingested(job, metrics=metrics, usage=usage, other=other, state_changed=_state_of(job) != before)
         return len(fresh)
+
+
+def _state_of(job: Job) -> tuple:
+    """What a job snapshot shows besides the cursor: a change pushes a fresh snapshot."""
+    return job.state, job.state_reason, job.started_at, job.finished_at
+
+
+def _push_ingested(job: Job, *, metrics: list[JobMetric], usage: list[UsageEntry], other: list[JobEvent],
+                   state_changed: bool) -> None:
+    """Queue the live pushes of one ingest (sent after commit). The rows are read back by
+    (job, seq): ``bulk_create(ignore_conflicts=True)`` neither says which rows it stored (a metrics
+    step already stored under another seq is skipped) nor returns ids on PostgreSQL."""
+    points = []
+    if metrics:
+        points += map(broadcast.metrics_message, JobMetric.objects.filter(job=job, seq__in=[m.seq for m in metrics]))
+    if other:
+        points += map(broadcast.event_message, JobEvent.objects.filter(job=job, seq__in=[e.seq for e in other]))
+    points.sort(key=lambda message: message["seq"])
+    if state_changed:
+        points.append(broadcast.job_message(job))
+    broadcast.send_on_commit(broadcast.job_group(job.pk), points)
+    if usage:
+        entries = (UsageEntry.objects.filter(job=job, seq__in=[u.seq for u in usage])
+                   .select_related("job", "organization").order_by("id"))
+        broadcast.send_on_commit(broadcast.CLUSTER_GROUP, map(broadcast.usage_message, entries))
 
 
 def _follow(job: Job, data: dict[str, Any], ts: float) -> None:

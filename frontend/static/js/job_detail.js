@@ -1,0 +1,132 @@
+// /jobs/<id>/: one job, live. Everything comes from the websocket /ws/jobs/<id>/ (it replays the
+// job's metrics and events from the start, then streams new ones): the state header, four
+// curves, the step table and the events list. The buttons POST to the REST actions.
+import { api, pageData } from "./api.js";
+import { StepChart } from "./charts.js";
+import { el, num, showMessage, when } from "./dom.js";
+import { live, showStatus } from "./live.js";
+
+const page = pageData();
+const TERMINAL = new Set(["succeeded", "failed", "cancelled"]);
+const MAX_EVENTS = 500; // the list keeps the newest; the API has them all (GET jobs/<id>/events/)
+const QUIET_KINDS = new Set(["usage", "timings"]); // one per call or step: too many to list
+
+const stateBadge = document.getElementById("job-state");
+const reason = document.getElementById("job-reason");
+const stepNode = document.getElementById("job-step");
+const actionError = document.getElementById("action-error");
+const stepTable = document.getElementById("step-table");
+const stepRows = document.getElementById("step-rows");
+const eventList = document.getElementById("event-list");
+
+const charts = [
+  new StepChart(document.getElementById("chart-reward"), [
+    { key: "reward_mean", label: "reward" },
+    { key: "train_accuracy", label: "train accuracy" },
+  ]),
+  new StepChart(document.getElementById("chart-eval"), [{ key: "eval_accuracy", label: "eval accuracy" }]),
+  new StepChart(document.getElementById("chart-loss"), [{ key: "loss", label: "loss" }]),
+  new StepChart(document.getElementById("chart-kl"), [{ key: "kl", label: "KL" }]),
+];
+
+// --- state and actions ---------------------------------------------------------------------------
+
+function showState(job) {
+  stateBadge.dataset.state = job.state;
+  stateBadge.textContent = job.state;
+  reason.textContent = job.state_reason ? `(${job.state_reason})` : "";
+  if ("started_at" in job) document.getElementById("job-started").textContent = when(job.started_at);
+  if ("finished_at" in job) document.getElementById("job-finished").textContent = when(job.finished_at);
+  const buttons = {
+    pause: !TERMINAL.has(job.state) && job.state !== "paused",
+    resume: job.state === "paused",
+    cancel: !TERMINAL.has(job.state),
+  };
+  for (const [action, enabled] of Object.entries(buttons)) {
+    const button = document.getElementById(`action-${action}`);
+    if (button) button.disabled = !enabled;
+  }
+}
+
+for (const button of document.querySelectorAll("button[data-action]")) {
+  button.addEventListener("click", async () => {
+    showMessage(actionError, "");
+    button.disabled = true;
+    try {
+      showState(await api(`jobs/${page.job}/${button.dataset.action}/`, { method: "POST" }));
+    } catch (err) {
+      showMessage(actionError, `Could not ${button.dataset.action}: ${err.message}`);
+      actionError.dataset.status = String(err.status ?? "");
+      button.disabled = false;
+    }
+  });
+}
+
+// --- steps -------------------------------------------------------------------------------------
+
+const rowsByStep = new Map();
+
+function addStep(step, data) {
+  const cells = [
+    el("th", { scope: "row" }, step),
+    el("td", { class: "num" }, num(data.reward_mean)),
+    el("td", { class: "num" }, num(data.train_accuracy)),
+    el("td", { class: "num" }, num(data.eval_accuracy)),
+    el("td", { class: "num" }, num(data.loss, 4)),
+    el("td", { class: "num" }, num(data.kl, 4)),
+    el("td", { class: "num" }, num(data.response_length, 1)),
+  ];
+  const existing = rowsByStep.get(step);
+  if (existing) {
+    existing.replaceChildren(...cells);
+  } else {
+    const row = el("tr", { dataset: { step } }, cells);
+    // newest first: before the first row of a lower step
+    const after = [...rowsByStep.keys()].filter((s) => s < step).sort((a, b) => b - a)[0];
+    stepRows.insertBefore(row, after === undefined ? null : rowsByStep.get(after));
+    rowsByStep.set(step, row);
+  }
+  stepTable.dataset.rows = String(rowsByStep.size);
+  const last = Math.max(...rowsByStep.keys());
+  stepNode.textContent = String(last);
+  stepTable.dataset.lastStep = String(last);
+  for (const chart of charts) chart.add(step, data);
+}
+
+// --- events ------------------------------------------------------------------------------------
+
+function summary(kind, data) {
+  if (kind === "log" && data && "message" in data) return String(data.message);
+  if (kind === "state" && data) return [data.state, data.reason].filter(Boolean).join(": ");
+  const text = JSON.stringify(data ?? {});
+  return text.length > 200 ? `${text.slice(0, 200)}…` : text;
+}
+
+function addEvent(message) {
+  if (QUIET_KINDS.has(message.kind)) return;
+  eventList.prepend(
+    el(
+      "li",
+      { dataset: { seq: message.seq, kind: message.kind } },
+      el("time", {}, when(message.ts)),
+      " ",
+      el("span", { class: "kind" }, message.kind),
+      " ",
+      summary(message.kind, message.data),
+    ),
+  );
+  while (eventList.children.length > MAX_EVENTS) eventList.lastElementChild.remove();
+  eventList.dataset.count = String(eventList.children.length);
+}
+
+// --- the feed ----------------------------------------------------------------------------------
+
+showState({ state: page.job_state, state_reason: "" });
+live(page.ws_path, {
+  onStatus: showStatus(document.getElementById("live-status")),
+  onMessage(message) {
+    if (message.type === "job" && message.job) showState(message.job);
+    else if (message.type === "metrics" && typeof message.step === "number") addStep(message.step, message.data || {});
+    else if (message.type === "event") addEvent(message);
+  },
+});

@@ -1,0 +1,71 @@
+// /jobs/: the organization's jobs, refreshed every few seconds from GET /api/v1/jobs/.
+import { api } from "./api.js";
+import { badge, el, showMessage, when } from "./dom.js";
+
+const POLL_MS = 3000;
+const table = document.getElementById("job-table");
+const rows = document.getElementById("job-rows");
+const empty = document.getElementById("jobs-empty");
+const error = document.getElementById("jobs-error");
+const updated = document.getElementById("jobs-updated");
+const filters = document.getElementById("job-filters");
+const stateSelect = document.getElementById("filter-state");
+const search = document.getElementById("filter-search");
+
+// the filters live in the address too, so a filtered list can be bookmarked and reloaded
+const params = new URLSearchParams(window.location.search);
+stateSelect.value = params.get("state") || "";
+search.value = params.get("search") || "";
+
+function row(job) {
+  return el(
+    "tr",
+    { dataset: { job: job.id, state: job.state } },
+    el("td", {}, `#${job.id}`),
+    el("td", {}, el("a", { href: `/jobs/${job.id}/` }, job.name || "(unnamed)")),
+    el("td", {}, badge(job.state)),
+    el("td", { class: "num" }, job.last_step ?? "–"),
+    el("td", { class: "num" }, `${job.rollout_devices} + ${job.train_devices}`),
+    el("td", {}, job.deployment_mode.replaceAll("_", " ")),
+    el("td", {}, job.created_by ?? "–"),
+    el("td", {}, when(job.created_at)),
+  );
+}
+
+let timer = null;
+async function refresh() {
+  clearTimeout(timer);
+  try {
+    const page = await api("jobs/", { query: { state: stateSelect.value, search: search.value.trim() } });
+    rows.replaceChildren(...page.results.map(row));
+    empty.hidden = page.results.length > 0;
+    table.dataset.loaded = "true";
+    table.dataset.count = String(page.count);
+    showMessage(error, "");
+    updated.textContent = `Updated ${when(Date.now() / 1000)}.`;
+  } catch (err) {
+    showMessage(error, `Could not load the jobs: ${err.message}`);
+  }
+  timer = setTimeout(refresh, POLL_MS);
+}
+
+function applyFilters() {
+  const next = new URLSearchParams();
+  if (stateSelect.value) next.set("state", stateSelect.value);
+  if (search.value.trim()) next.set("search", search.value.trim());
+  const query = next.toString();
+  window.history.replaceState(null, "", query ? `?${query}` : window.location.pathname);
+  refresh();
+}
+
+filters.addEventListener("submit", (event) => {
+  event.preventDefault();
+  applyFilters();
+});
+stateSelect.addEventListener("change", applyFilters);
+let typing = null;
+search.addEventListener("input", () => {
+  clearTimeout(typing);
+  typing = setTimeout(applyFilters, 300);
+});
+refresh();

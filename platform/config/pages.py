@@ -1,0 +1,159 @@
+"""The web pages of the dashboard (included at the site root by ``config.urls``).
+
+Thin views: each checks who may see the page, renders a template from ``frontend/templates/pages/``
+with a small context, and leaves the data to the page's ES module (``frontend/static/js/``), which
+reads the REST API under ``/api/v1/`` and the websockets with the session cookie. What a module
+needs to start (the job id, may the user act) is in ``page_data``, rendered with ``json_script``.
+
+Every page acts within the session's current organization, resolved like the API resolves it
+(``accounts.api.resolve_organization``); the navigation bar's data comes from the ``navigation``
+context processor, so the sign-in pages, which extend the same base template, show it too.
+"""
+
+import dataclasses
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import path
+from django.utils.functional import SimpleLazyObject
+from django.views.generic import RedirectView
+
+from accounts import selectors as account_selectors
+from accounts.api import resolve_organization
+from accounts.models import Membership, Organization, Role
+from engine.rl.grpo import GRPOConfig
+from engine.spec import ROLLOUT_BACKENDS, TRAINER_BACKENDS, default_rollout, default_trainer
+from jobs import selectors as job_selectors
+from jobs.models import DeploymentMode, JobState
+
+
+def _current(request: HttpRequest) -> tuple[Organization | None, Membership | None]:
+    """The request's organization and membership, resolved once per request (the view and the
+    context processor both ask)."""
+    if not hasattr(request, "_plexrl_organization"):
+        request._plexrl_organization = resolve_organization(request)
+    return request._plexrl_organization
+
+
+def navigation(request: HttpRequest) -> dict[str, Any]:
+    """Context processor: ``nav`` for the base template's header, computed only if a template
+    reads it (the API's browsable pages never do): the user's organizations with their roles, the
+    current one and the current role."""
+
+    def build() -> dict[str, Any]:
+        if not request.user.is_authenticated:
+            return {"organizations": [], "organization": None, "role": None}
+        organization, membership = _current(request)
+        return {
+            "organizations": list(account_selectors.organizations_of(user=request.user)),
+            "organization": organization,
+            "role": membership.role if membership else None,
+        }
+
+    return {"nav": SimpleLazyObject(build)}
+
+
+def _page(request: HttpRequest, template: str, *, title: str, module: str, organization_required: bool = True,
+          **data: Any) -> HttpResponse:
+    """Render a page: ``template`` with ``title``, the ES ``module`` to load (a file of
+    ``static/js/``) and ``data`` for it (``page_data``, with ``can_write``: may the user create and
+    act on jobs). A page of the organization answers 403 to a user of none, with a notice."""
+    organization, membership = _current(request)
+    if organization_required and organization is None:
+        return render(request, "pages/no_organization.html", {"title": title}, status=403)
+    page_data = {
+        "organization": organization.pk if organization else None,
+        "role": membership.role if membership else None,
+        "can_write": bool(membership and membership.has_role(Role.MEMBER)),
+        "staff": request.user.is_staff,
+        **data,
+    }
+    return render(request, template, {"title": title, "module": module, "page_data": page_data})
+
+
+@login_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    """``/jobs/``: the organization's jobs with their live state, filterable by state."""
+    return _page(request, "pages/job_list.html", title="Jobs", module="jobs.js",
+                 states=[{"value": v, "label": label} for v, label in JobState.choices])
+
+
+@login_required
+def job_new(request: HttpRequest) -> HttpResponse:
+    """``/jobs/new/``: the submit form (posts the job as JSON to ``/api/v1/jobs/``); the GRPO
+    fields start at the engine's defaults."""
+    return _page(request, "pages/job_new.html", title="Submit a job", module="job_new.js",
+                 grpo_defaults=dataclasses.asdict(GRPOConfig()),
+                 deployment_modes=DeploymentMode.choices,
+                 backends=[
+                     {"name": "rollout", "label": "Rollout backend", "choices": list(ROLLOUT_BACKENDS),
+                      "default": default_rollout()},
+                     {"name": "trainer", "label": "Training backend", "choices": list(TRAINER_BACKENDS),
+                      "default": default_trainer()},
+                 ])
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    """``/jobs/<id>/``: one job, live (curves, steps, events). Another organization's job is 404."""
+    organization, membership = _current(request)
+    if organization is None:
+        return _page(request, "pages/job_detail.html", title="Job", module="job_detail.js")
+    job = job_selectors.job_get(organization=organization, pk=job_id)  # tenant-scoped: 404 otherwise
+    # members act on their own jobs, admins and owners on anyone's (as the API decides)
+    may_act = membership.has_role(Role.ADMIN) or (
+        membership.has_role(Role.MEMBER) and job.created_by_id == request.user.pk)
+    return _page(request, "pages/job_detail.html", title=job.name or f"Job {job.pk}", module="job_detail.js",
+                 job=job.pk, job_name=job.name, job_state=job.state, may_act=may_act,
+                 ws_path=f"/ws/jobs/{job.pk}/")
+
+
+CLUSTER_WINDOWS = ((120, "last 2 minutes"), (600, "last 10 minutes"), (3600, "last hour"))
+
+
+@login_required
+def cluster(request: HttpRequest) -> HttpResponse:
+    """``/cluster/``: the device timeline of every WPG over a recent window (``?window=`` seconds,
+    one of ``CLUSTER_WINDOWS``; ten minutes by default), live."""
+    window = request.GET.get("window", "")
+    window = int(window) if window.isdigit() and int(window) in dict(CLUSTER_WINDOWS) else 600
+    return _page(request, "pages/cluster.html", title="Cluster", module="cluster.js",
+                 organization_required=not request.user.is_staff, window=window, windows=CLUSTER_WINDOWS)
+
+
+@login_required
+def billing(request: HttpRequest) -> HttpResponse:
+    """``/billing/``: billed against dedicated device-hours per job, the totals and the month."""
+    return _page(request, "pages/billing.html", title="Billing", module="billing.js")
+
+
+@login_required
+def staff_savings(request: HttpRequest) -> HttpResponse:
+    """``/staff/savings/`` (platform staff only, 403 for others): the cluster's monthly report."""
+    if not request.user.is_staff:
+        raise PermissionDenied("Only platform staff can see the cluster report.")
+    return _page(request, "pages/staff_savings.html", title="Savings across organizations",
+                 module="staff_savings.js", organization_required=False)
+
+
+@login_required
+def tokens(request: HttpRequest) -> HttpResponse:
+    """``/tokens/``: the user's API tokens in the current organization: list, create, revoke."""
+    return _page(request, "pages/tokens.html", title="API tokens", module="tokens.js")
+
+
+app_name = "pages"
+
+urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="pages:jobs"), name="home"),
+    path("jobs/", job_list, name="jobs"),
+    path("jobs/new/", job_new, name="job-new"),
+    path("jobs/<int:job_id>/", job_detail, name="job-detail"),
+    path("cluster/", cluster, name="cluster"),
+    path("billing/", billing, name="billing"),
+    path("staff/savings/", staff_savings, name="staff-savings"),
+    path("tokens/", tokens, name="tokens"),
+]
