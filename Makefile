@@ -7,7 +7,20 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test demo lint clean
 
-install: $(STAMP)
+# The browser tests (tests/platform/browser) drive the distribution's chromium, never a downloaded
+# one. Installed here when missing, as root on Debian; elsewhere install it yourself and point
+# PLEXRL_CHROMIUM at it.
+CHROMIUM ?= /usr/bin/chromium
+
+install: $(STAMP) $(CHROMIUM)
+
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium \
+		|| { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }; \
+	else \
+		echo "warning: no $(CHROMIUM); the browser tests need it (apt-get install chromium)" >&2; \
+	fi
 
 # Re-install only when the dependency declarations change (idempotent, fast when nothing changed).
 $(STAMP): pyproject.toml constraints.txt

@@ -5,34 +5,15 @@ the whole event log changes nothing."""
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 import redis
 from django.conf import settings
-from django.db import connection
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.platform import live
+
 SPEC = {"task": "arith", "model": "tiny-arith", "steps": 3, "seed": 5, "rollout": "torch", "trainer": "torch",
         "grpo": {"prompts_per_step": 8, "samples_per_prompt": 4, "updates_per_step": 2, "eval_every": 3,
                  "eval_size": 10, "max_tokens": 6}}
-
-
-@pytest.fixture(scope="module")
-def engine_home(tmp_path_factory) -> Path:
-    """A data directory with the tiny-arith preset built (a short supervised phase: plumbing only)."""
-    from engine.models.tiny import TINY_ARITH, build_preset
-
-    home = tmp_path_factory.mktemp("bridge-home")
-    build_preset(dataclasses.replace(TINY_ARITH, sft_steps=150, eval_size=20, threads=1),
-                 home / "models" / TINY_ARITH.name)
-    return home
 
 
 @pytest.fixture
@@ -40,36 +21,14 @@ def worker(engine_home, django_db_setup, tmp_path):
     """``celery -A config worker`` in a process of its own, on the test database and Redis."""
     broker = redis.Redis.from_url(settings.REDIS_URL)
     broker.flushdb()  # no task left over from an earlier run
-    db = connection.settings_dict
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DJANGO_SETTINGS_MODULE")}
-    env |= {"DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-            "REDIS_URL": settings.REDIS_URL, "PLEXRL_HOME": str(engine_home), "PYTHONPATH": str(REPO)}
-    log = tmp_path / "worker.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=solo", "--without-gossip",
-             "--without-mingle", "--without-heartbeat", "--loglevel=INFO"],
-            cwd=REPO / "platform", env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
-    proc.log = log
+    proc = live.celery_worker(live.platform_env(engine_home), tmp_path)
     yield proc
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    proc.stop()
     broker.flushdb()
 
 
 def wait_until(predicate, timeout: float, poll, what: str, proc) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"the Celery worker exited ({proc.returncode}): {proc.log.read_text()[-3000:]}")
-        poll()
-        time.sleep(1.0)
-    pytest.fail(f"{what} within {timeout} s; the worker's log ends: {proc.log.read_text()[-3000:]}")
+    live.wait_until(predicate, timeout, what, [proc], poll=poll, every=1.0)
 
 
 def snapshot(job) -> dict:

@@ -1,0 +1,83 @@
+"""Browser (end-to-end) tests: Playwright's Python package drives the Debian chromium (never a downloaded
+browser) against the live platform: daphne serving the dashboard, a Celery worker with its beat,
+the engine the worker starts (real Ray actors, the tiny model), PostgreSQL and Redis. Screenshots
+go to ``test-artifacts/browser/``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+
+from tests.platform import live
+
+ARTIFACTS = live.REPO / "test-artifacts" / "browser"
+CHROMIUM = os.environ.get("PLEXRL_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+@dataclass
+class LivePlatform:
+    url: str
+    processes: list[live.Process]
+
+    def wait_until(self, predicate, timeout: float, what: str) -> None:
+        live.wait_until(predicate, timeout, what, self.processes)
+
+
+@pytest.fixture
+def live_platform(engine_home, transactional_db, tmp_path) -> Iterator[LivePlatform]:
+    """The platform's processes on the test database; after the test, none of them (nor any Ray
+    process they started) is left running."""
+    broker = redis.Redis.from_url(settings.REDIS_URL)
+    broker.flushdb()
+    env = live.platform_env(engine_home)
+    worker = live.celery_worker(env, tmp_path, beat=True)
+    server, url = live.asgi_server(env, tmp_path)
+    yield LivePlatform(url=url, processes=[server, worker])
+    server.stop()
+    worker.stop()
+    broker.flushdb()
+    left = live.leftovers(env)
+    assert not left, f"processes left running: {left}"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"no chromium at {CHROMIUM}: `make install` installs it (apt-get install chromium), "
+                    "or set PLEXRL_CHROMIUM to a Chromium binary")
+    # Playwright's sync API leaves its event loop marked as running in this thread between calls;
+    # the tests' own ORM calls (users, checks, the database flush) are still plain synchronous ones.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield browser
+            browser.close()
+
+
+@pytest.fixture
+def page(browser, live_platform):
+    """A fresh browser context (no cookies) at a laptop's screen size; downloads allowed."""
+    context = browser.new_context(base_url=live_platform.url, viewport={"width": 1366, "height": 768},
+                                  accept_downloads=True)
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def screenshot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

@@ -1,0 +1,145 @@
+"""The platform's own processes, really started, for tests that need them: a Celery worker (with
+its beat, when asked) and the ASGI server (daphne), on the test database and Redis, with a data
+directory holding a built tiny model. Each process runs in a session of its own, so stopping it
+stops everything it started (a local Ray included), and its output goes to a log the failure
+message quotes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def build_engine_home(home: Path) -> Path:
+    """``home`` with the tiny-arith preset built (a short supervised phase: plumbing, not skill)."""
+    from engine.models.tiny import TINY_ARITH, build_preset
+
+    build_preset(dataclasses.replace(TINY_ARITH, sft_steps=150, eval_size=20, threads=1),
+                 home / "models" / TINY_ARITH.name)
+    return home
+
+
+def platform_env(home: Path) -> dict[str, str]:
+    """The environment of a platform process on the test database (the one pytest-django made)."""
+    from django.conf import settings
+    from django.db import connection
+
+    db = connection.settings_dict
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DJANGO_SETTINGS_MODULE")}
+    env |= {"DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+            "REDIS_URL": settings.REDIS_URL, "PLEXRL_HOME": str(home), "PYTHONPATH": str(REPO)}
+    return env
+
+
+class Process(subprocess.Popen):
+    """A started platform process; ``log`` is its output file, ``tail()`` its last lines."""
+
+    log: Path
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def check_alive(self) -> None:
+        if self.poll() is not None:
+            pytest.fail(f"{self.args[2:4]} exited ({self.returncode}); its log ends:\n{self.tail()}")
+
+    def stop(self, timeout: float = 30) -> None:
+        """SIGTERM to its whole session, SIGKILL after ``timeout``."""
+        try:
+            os.killpg(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            self.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.pid, signal.SIGKILL)
+            self.wait()
+
+
+def start(argv: list[str], *, env: dict[str, str], log: Path) -> Process:
+    with log.open("w") as out:
+        proc = Process(argv, cwd=REPO / "platform", env=env, start_new_session=True, stdout=out,
+                       stderr=subprocess.STDOUT)
+    proc.log = log
+    return proc
+
+
+def celery_worker(env: dict[str, str], log_dir: Path, *, beat: bool = False) -> Process:
+    """``celery -A config worker`` (solo pool); with ``beat``, the periodic event pull runs too."""
+    argv = [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool=solo", "--without-gossip",
+            "--without-mingle", "--without-heartbeat", "--loglevel=INFO"]
+    if beat:
+        argv += ["--beat", f"--schedule={log_dir / 'celerybeat-schedule'}"]
+    return start(argv, env=env, log=log_dir / "worker.log")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def asgi_server(env: dict[str, str], log_dir: Path, timeout: float = 60) -> tuple[Process, str]:
+    """daphne serving ``config.asgi:application``; returns it and its base URL once /healthz answers."""
+    port = free_port()
+    proc = start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
+                 env=env, log=log_dir / "daphne.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _answers(f"{url}/healthz"), timeout, f"daphne did not answer on {url}", [proc])
+    return proc, url
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (an http URL built above)
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def leftovers(env: dict[str, str], grace: float = 10) -> list[str]:
+    """Processes still running with this environment's data directory (a platform process, or a
+    Ray daemon or worker one of them started), after up to ``grace`` seconds for them to exit."""
+    import psutil
+
+    deadline = time.monotonic() + grace
+    while True:
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if proc.pid != os.getpid() and proc.environ().get("PLEXRL_HOME") == env["PLEXRL_HOME"]:
+                    found.append(f"{proc.pid}: {' '.join(proc.info['cmdline'] or [])[:160]}")
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, procs: list[Process],
+               poll: Callable[[], object] | None = None, every: float = 0.5) -> None:
+    """Poll ``predicate`` until true; fail naming ``what`` (with the processes' logs) on timeout or
+    as soon as one of ``procs`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        for proc in procs:
+            proc.check_alive()
+        if poll is not None:
+            poll()
+        time.sleep(every)
+    logs = "\n".join(f"--- {p.log.name}:\n{p.tail()}" for p in procs)
+    pytest.fail(f"{what} within {timeout} s\n{logs}")
