@@ -30,10 +30,12 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from engine.cli import add_engine_commands
+    from engine.platform_cli import add_platform_commands
 
     parser = _Parser(prog="plexrl", description="PlexRL: multiplexed RLVR training.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_engine_commands(sub)
+    add_platform_commands(sub)
     demo = sub.add_parser("demo", help="run the demo (for now: one training run with defaults)")
     demo.set_defaults(func=_demo)
     return parser

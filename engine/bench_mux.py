@@ -19,11 +19,12 @@ import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.rl.grpo import GRPOConfig
 from engine.scheduler.placement import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
-from engine.spec import JobSpec
+
+if TYPE_CHECKING:
+    from engine.spec import JobSpec
 
 DEVICES_PER_WPG = 1.0  # one device slot = one core, computed on by one thread
 
@@ -34,6 +35,9 @@ def job_shapes(jobs: int, steps: int, seed: int) -> list[tuple[str, JobSpec]]:
     job's turns wait for the slowest of their calculator calls; the training-heavy one adds a frozen
     reference (KL penalty), recomputed old log-probs and twice the optimizer steps. Evaluations are
     smaller than a training run's (100 problems, twice per run): the bench is about device time."""
+    from engine.rl.grpo import GRPOConfig  # torch: imported when the bench runs, not when `plexrl` starts
+    from engine.spec import JobSpec
+
     base = GRPOConfig(eval_every=max(1, steps // 2), eval_size=100)
     default = JobSpec(task="arith", model="tiny-arith", steps=steps, seed=seed, rollout="torch", trainer="torch",
                       grpo=base)

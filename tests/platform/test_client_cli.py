@@ -1,0 +1,335 @@
+"""The REST client (``engine.restclient``) and the ``plexrl`` platform commands against a live
+server: daphne on the test database, the CLI in subprocesses. No Celery worker runs, so jobs never
+reach the engine; their metrics, usage and state changes are ingested from here, as the worker's
+event pull would."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from engine import restclient
+from engine.restclient import ApiError, PlatformClient, Unreachable
+from tests.platform import live
+
+SPEC = {"task": "arith", "model": "tiny-arith", "steps": 5, "seed": 1, "rollout": "torch", "trainer": "torch"}
+PASSWORD = "correct horse battery"
+
+pytestmark = pytest.mark.django_db(transaction=True)  # the server is another process: rows are committed
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup, tmp_path_factory) -> Iterator[str]:
+    """daphne on the test database; its base URL. Without REDIS_URL its Celery sends (launch, cancel,
+    ...) go to an in-memory broker nobody reads, so no worker anywhere picks them up."""
+    home = tmp_path_factory.mktemp("client-cli")
+    env = live.platform_env(home)
+    del env["REDIS_URL"]
+    proc, url = live.asgi_server(env, home)
+    yield url
+    proc.stop()
+
+
+class Org:
+    """An organization with an owner, who holds an API token (``client`` uses it)."""
+
+    def __init__(self, name: str, url: str):
+        from accounts.services import organization_create, token_create
+        from tests.platform.factories import UserFactory
+
+        self.owner = UserFactory(username=f"{name}-owner")
+        self.organization = organization_create(name=name.capitalize(), owner=self.owner)
+        _, self.token = token_create(user=self.owner, organization=self.organization, name="test")
+        self.url = url
+        self.client = PlatformClient(url, self.token, timeout=10)
+
+    def cli(self, *args: str, token: str | None = None, url: str | None = None, stdin: str | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess:
+        """``plexrl ARGS`` in a subprocess, with PLEXRL_URL and PLEXRL_TOKEN set."""
+        return subprocess.run(_argv(args), env=self.env(token, url), input=stdin, capture_output=True, text=True,
+                              timeout=timeout, cwd=live.REPO)
+
+    def start_cli(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen(_argv(args), env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=live.REPO)
+
+    def env(self, token: str | None = None, url: str | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PLEXRL_")}
+        return env | {"PLEXRL_URL": url or self.url, "PLEXRL_TOKEN": self.token if token is None else token,
+                      "PYTHONIOENCODING": "utf-8"}
+
+
+def _argv(args) -> list[str]:
+    return [sys.executable, "-m", "plexrl", *args]
+
+
+@pytest.fixture
+def acme(server) -> Org:
+    return Org("acme", server)
+
+
+@pytest.fixture
+def globex(server) -> Org:
+    return Org("globex", server)
+
+
+def ingest(job_id: int, *events: dict) -> None:
+    """Events of the job's engine log, as the worker's pull would bring them."""
+    from jobs import services
+    from jobs.models import Job
+
+    services.ingest_events(job=Job.objects.get(pk=job_id), events=list(events))
+
+
+def state(seq: int, name: str, **extra) -> dict:
+    return {"seq": seq, "kind": "state", "ts": 1000.0 + seq, "data": {"state": name, **extra}}
+
+
+def metrics(seq: int, step: int, reward: float) -> dict:
+    return {"seq": seq, "kind": "metrics", "ts": 1000.0 + seq, "data": {
+        "step": step, "reward_mean": reward, "train_accuracy": reward, "loss": 0.01 * step, "kl": 0.001 * step}}
+
+
+def usage(seq: int, hours: float, *, devices: float = 1.0) -> dict:
+    now = time.time()
+    return {"seq": seq, "kind": "usage", "ts": now, "data": {
+        "job": "job-x", "role": "policy", "fn": "generate", "wpg": "w", "devices": devices,
+        "start": now - 3600 * hours, "end": now, "setup_s": 0.0, "call": seq, "queued_s": 0.0}}
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("plexrl: error: "), lines
+    return lines[0]
+
+
+# --- the client -----------------------------------------------------------------------------------
+
+
+def test_obtain_token_trades_a_password_for_a_working_token(acme):
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    hasher = PBKDF2PasswordHasher()  # the server's hashers, not the fast one this process uses
+    acme.owner.password = hasher.encode(PASSWORD, hasher.salt())
+    acme.owner.save()
+
+    token = PlatformClient.obtain_token(acme.url, acme.owner.username, PASSWORD)
+    assert PlatformClient(acme.url, token).jobs() == []
+    with pytest.raises(ApiError) as err:
+        PlatformClient.obtain_token(acme.url, acme.owner.username, "wrong")
+    assert err.value.status == 400
+    assert str(err.value) == "HTTP 400: Unable to log in with the given username and password."
+
+    login = acme.cli("login", "--username", acme.owner.username, "--password-stdin", token="", stdin=PASSWORD + "\n")
+    assert login.returncode == 0, login.stderr
+    printed = login.stdout.splitlines()
+    assert len(printed) == 1  # the token alone: export PLEXRL_TOKEN=$(plexrl login ...)
+    assert PlatformClient(acme.url, printed[0]).jobs() == []
+
+
+def test_submit_creates_a_job_and_an_invalid_one_nothing(acme):
+    from jobs.models import Job
+
+    job = acme.client.submit(SPEC, name="first", rollout_devices=2, train_devices=3, deployment_mode="colocated")
+    row = Job.objects.get(pk=job["id"])
+    assert (row.organization, row.name, row.state) == (acme.organization, "first", "queued")
+    assert (row.rollout_devices, row.train_devices, row.deployment_mode) == (2, 3, "colocated")
+    assert row.spec["steps"] == job["spec"]["steps"] == 5
+
+    for spec, field in ((SPEC | {"steps": 0}, "spec.steps"),
+                        (SPEC | {"model": "../elsewhere/model"}, "spec.model"),
+                        (SPEC | {"task": "poetry"}, "spec.task"),
+                        (SPEC | {"stepz": 3}, "spec.stepz"),
+                        (SPEC | {"grpo": {"lr": -1}}, "spec.grpo.lr")):
+        with pytest.raises(ApiError) as err:
+            acme.client.submit(spec)
+        assert err.value.status == 400
+        assert field in err.value.errors, err.value.errors
+        assert str(err.value).startswith(f"HTTP 400: {field}: "), str(err.value)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ApiError) as err:
+        acme.client.submit(SPEC, rollout_devices=0)
+    assert "rollout_devices" in err.value.errors
+    assert Job.objects.count() == 1
+
+
+def test_client_lists_shows_and_acts_on_jobs(acme, globex, monkeypatch):
+    monkeypatch.setattr(restclient, "PAGE_SIZE", 2)  # three jobs: two pages
+    ids = [acme.client.submit(SPEC, name=f"job {i}")["id"] for i in range(3)]
+    globex.client.submit(SPEC, name="theirs")
+
+    assert [j["id"] for j in acme.client.jobs()] == ids[::-1]  # newest first, both pages
+    assert acme.client.pause(ids[0])["state"] == "paused"
+    assert [j["id"] for j in acme.client.jobs(state="paused")] == [ids[0]]
+    assert acme.client.resume(ids[0])["state"] == "queued"
+    cancelled = acme.client.cancel(ids[1], reason="wrong seed")
+    assert (cancelled["state"], cancelled["state_reason"]) == ("cancelled", "wrong seed")
+    assert acme.client.job(ids[1])["state"] == "cancelled"
+    with pytest.raises(ApiError) as err:
+        acme.client.resume(ids[1])
+    assert err.value.status == 409
+    assert "only a paused job can be resumed" in str(err.value)
+
+    ingest(ids[2], state(1, "running"), metrics(2, 1, 0.25), state(3, "paused"), metrics(4, 2, 0.5))
+    assert [m["step"] for m in acme.client.metrics(ids[2])] == [1, 2]
+    assert [m["step"] for m in acme.client.metrics(ids[2], after_step=1)] == [2]
+    assert [e["seq"] for e in acme.client.events(ids[2])] == [1, 3]
+    assert [e["data"]["state"] for e in acme.client.events(ids[2], after_seq=1, kind="state")] == ["paused"]
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cli_submits_lists_shows_and_acts_on_jobs(acme, tmp_path):
+    from jobs.models import Job
+
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SPEC | {"name": "from file", "train_devices": 2, "grpo": {"lr": 0.001}}))
+    submit = acme.cli("jobs", "submit", str(spec_file), "--steps", "7", "--set", "grpo.kl_coef=0.05",
+                      "--set", "rollout=torch")
+    assert submit.returncode == 0, submit.stderr
+    job_id = int(submit.stdout)  # the id alone on stdout
+    assert f"/jobs/{job_id}/" in submit.stderr
+    job = Job.objects.get(pk=job_id)
+    assert (job.name, job.train_devices, job.spec["steps"]) == ("from file", 2, 7)
+    assert (job.spec["grpo"]["lr"], job.spec["grpo"]["kl_coef"]) == (0.001, 0.05)
+
+    flags = acme.cli("jobs", "submit", "--task", "arith", "--model", "tiny-arith", "--steps", "3", "--name", "flags",
+                     "--set", "rollout=torch", "--set", "trainer=torch")
+    assert flags.returncode == 0, flags.stderr
+    other_id = int(flags.stdout)
+
+    listing = acme.cli("jobs", "list")
+    assert listing.returncode == 0, listing.stderr
+    header, *rows = listing.stdout.splitlines()
+    assert header.split()[:3] == ["ID", "NAME", "STATE"]
+    assert [r.split()[0] for r in rows] == [str(other_id), str(job_id)]
+    assert rows[1].split()[1:4] == ["from", "file", "queued"]
+
+    assert acme.cli("jobs", "pause", str(job_id)).stdout == f"job {job_id} paused\n"
+    only_paused = acme.cli("jobs", "list", "--state", "paused")
+    assert [r.split()[0] for r in only_paused.stdout.splitlines()[1:]] == [str(job_id)]
+    assert acme.cli("jobs", "resume", str(job_id)).stdout == f"job {job_id} queued\n"
+    cancel = acme.cli("jobs", "cancel", str(job_id), "--reason", "enough")
+    assert cancel.stdout == f"job {job_id} cancelled\n"
+    job.refresh_from_db()
+    assert (job.state, job.state_reason) == ("cancelled", "enough")
+
+    show = acme.cli("jobs", "show", str(job_id))
+    assert show.returncode == 0, show.stderr
+    assert "state        cancelled (enough)\n" in show.stdout
+    assert "progress     step 0 of 7\n" in show.stdout
+    again = acme.cli("jobs", "cancel", str(job_id))
+    assert again.returncode == 2
+    assert one_error_line(again) == "plexrl: error: HTTP 409: the job has cancelled; it cannot be cancelled"
+
+    invalid = acme.cli("jobs", "submit", "--steps", "0")
+    assert invalid.returncode == 2
+    assert one_error_line(invalid).startswith("plexrl: error: HTTP 400: spec.steps: must be a positive integer")
+    assert Job.objects.count() == 2
+
+
+@pytest.mark.slow
+def test_watch_prints_each_step_until_the_job_ends(acme):
+    job_id = acme.client.submit(SPEC, name="watched")["id"]
+    watch = acme.start_cli("jobs", "watch", str(job_id), "--poll", "0.2")
+    try:
+        seen = [watch.stdout.readline().rstrip("\n")]  # it is watching
+        ingest(job_id, state(1, "running"), metrics(2, 1, 0.1), metrics(3, 2, 0.3))
+        while not seen[-1].startswith("step     2"):  # the first steps, printed while the job runs
+            seen.append(watch.stdout.readline().rstrip("\n"))
+        assert watch.poll() is None
+        ingest(job_id, metrics(4, 3, 0.6), metrics(5, 4, 0.9), state(6, "succeeded"))
+        out, err = watch.communicate(timeout=30)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, err
+    lines = seen + out.splitlines()
+    assert lines[0] == f"job {job_id} queued"
+    assert lines[1] in (f"job {job_id} profiling", f"job {job_id} running")  # before its steps
+    steps = [line for line in lines if line.startswith("step")]
+    assert [int(line.split()[1]) for line in steps] == [1, 2, 3, 4]
+    assert steps[-1] == "step     4  reward 0.900  accuracy 0.900  loss 0.0400  kl 0.0040  ▁▃▅█"  # reward so far
+    assert lines[-1] == f"job {job_id} succeeded"
+
+    # a failed job: the client's generator ends with it, the command exits 1
+    failed_id = acme.client.submit(SPEC, name="doomed")["id"]
+    ingest(failed_id, state(1, "running"), metrics(2, 1, 0.5), state(3, "failed", reason="out of memory"))
+    updates = list(acme.client.watch(failed_id, poll_s=0.1))
+    assert [u.kind for u in updates] == ["metrics", "state"]
+    assert updates[-1].data["state"] == "failed"
+    result = acme.cli("jobs", "watch", str(failed_id))
+    assert result.returncode == 1
+    assert result.stdout.splitlines()[-1] == f"job {failed_id} failed (out of memory)"
+
+
+@pytest.mark.slow
+def test_billing_report_shows_each_jobs_savings_and_the_csv_is_the_servers(acme):
+    first = acme.client.submit(SPEC, name="small", rollout_devices=1, train_devices=1)["id"]
+    second = acme.client.submit(SPEC, name="big", rollout_devices=4, train_devices=4)["id"]
+    ingest(first, state(1, "running"), usage(2, 0.5), metrics(3, 1, 0.5))
+    ingest(second, state(1, "running"), usage(2, 1.0, devices=2.0), metrics(3, 1, 0.5))
+
+    report = acme.client.savings()
+    assert {row["job"] for row in report["jobs"]} == {first, second}
+    assert report["totals"]["billed_device_hours"] == pytest.approx(2.5, rel=1e-3)
+    table = acme.cli("billing", "report")
+    assert table.returncode == 0, table.stderr
+    header, *rows = table.stdout.splitlines()
+    assert header.split()[:3] == ["JOB", "NAME", "STATE"]
+    by_job = {row.split()[0]: row for row in rows}
+    for row in report["jobs"]:
+        line = by_job[str(row["job"])]
+        assert f"{row['billed_device_hours']:.4f}" in line
+        assert f"{row['counterfactual_device_hours']:.4f}" in line
+        assert f"{100 * row['savings']:.1f}%" in line
+    assert rows[-1].split()[:4] == ["total", "2", "jobs", "2.5000"]
+
+    exported = acme.cli("billing", "report", "--csv")
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout == acme.client.savings_csv().replace("\r\n", "\n")  # text mode reads CRLF as LF
+    parsed = list(csv.DictReader(io.StringIO(exported.stdout)))
+    assert {int(r["job"]) for r in parsed} == {first, second}
+
+
+@pytest.mark.slow
+def test_errors_are_one_line_with_exit_status_2_for_bad_input_and_1_when_unreachable(acme, globex):
+    theirs = globex.client.submit(SPEC, name="theirs")["id"]
+    with pytest.raises(ApiError) as err:
+        acme.client.job(theirs)
+    assert (err.value.status, str(err.value)) == (404, "HTTP 404: No Job matches the given query.")
+    with pytest.raises(Unreachable, match=r"^cannot reach the platform at http://127\.0\.0\.1:9/api/v1/jobs/: "):
+        PlatformClient("http://127.0.0.1:9", "x").jobs()
+
+    runs = {  # independent commands, run side by side
+        "other org": acme.start_cli("jobs", "show", str(theirs)),
+        "bad token": subprocess.Popen(_argv(["jobs", "list"]), env=acme.env(token="plexrl_nonsense"),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=live.REPO),
+        "no token": subprocess.Popen(_argv(["jobs", "list"]), env=acme.env(token=""), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, cwd=live.REPO),
+        "unreachable": subprocess.Popen(_argv(["jobs", "list"]), env=acme.env(url="http://127.0.0.1:9"),
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=live.REPO),
+    }
+    results = {}
+    for name, proc in runs.items():
+        out, err = proc.communicate(timeout=60)
+        results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    assert results["other org"].returncode == 2
+    assert one_error_line(results["other org"]) == "plexrl: error: HTTP 404: No Job matches the given query."
+    assert results["bad token"].returncode == 2
+    assert one_error_line(results["bad token"]).startswith("plexrl: error: HTTP 401: ")
+    assert results["no token"].returncode == 2
+    assert one_error_line(results["no token"]).startswith("plexrl: error: --token: no API token")
+    assert results["unreachable"].returncode == 1
+    assert one_error_line(results["unreachable"]) == (
+        "plexrl: error: cannot reach the platform at http://127.0.0.1:9/api/v1/jobs/: Connection refused")
