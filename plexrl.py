@@ -38,7 +38,29 @@ def build_parser() -> argparse.ArgumentParser:
     add_platform_commands(sub)
     demo = sub.add_parser("demo", help="run the demo (for now: one training run with defaults)")
     demo.set_defaults(func=_demo)
+    up = sub.add_parser("up", help="run the whole platform in one process tree: web server and dashboard, "
+                                   "Celery worker and beat, the engine on a local Ray (Ctrl-C stops it)")
+    up.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: %(default)s)")
+    up.add_argument("--port", type=_port, default=8000, help="port to serve on (default: %(default)s)")
+    up.add_argument("--no-browser", action="store_true", help="do not open the dashboard in a browser")
+    up.set_defaults(func=_up)
     return parser
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return int(text)
+
+
+def _up(args: argparse.Namespace) -> int:
+    add_platform_to_path()
+    from config.embedded import port_free, up
+
+    if not port_free(args.host, args.port):
+        print(f"plexrl: error: {args.host}:{args.port} is in use (choose another with --port)", file=sys.stderr)
+        return 2
+    return up(host=args.host, port=args.port, open_browser=not args.no_browser)
 
 
 def _demo(args: argparse.Namespace) -> int:

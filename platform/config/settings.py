@@ -226,6 +226,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # How often billing.tasks.record_capacity samples the cluster's capacity (seconds). The latest sample
 # counts for at most two periods: no newer one means the engine (or the beat) was down.
 BILLING_CAPACITY_PERIOD_S = 60.0
+# The beat's record of when each periodic task last ran: in the data directory, not the working one.
+CELERY_BEAT_SCHEDULE_FILENAME = str(PLEXRL_HOME / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE = {
     # each active job's event log, read by cursor into metrics, events and the usage ledger
     "pull-job-events": {"task": "jobs.tasks.pull_all_events", "schedule": 2.0},

@@ -1,0 +1,86 @@
+"""``plexrl up``: the whole platform in one process tree on the embedded defaults (SQLite, an
+in-memory Celery broker and channel layer, a local Ray) serves the API, runs a job through its
+in-process worker and engine, pushes the job's points live over a websocket, and stops cleanly on
+Ctrl-C, leaving no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from tests.platform import live
+
+SPEC = {"task": "arith", "model": "tiny-arith", "steps": 3, "seed": 2, "rollout": "torch", "trainer": "torch",
+        "grpo": {"prompts_per_step": 4, "samples_per_prompt": 4, "updates_per_step": 1, "eval_every": 3,
+                 "eval_size": 10, "max_tokens": 6}}
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:  # noqa: S310 (http, built here)
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_plexrl_up_runs_a_job_end_to_end_and_stops_cleanly_on_ctrl_c(engine_home, tmp_path):
+    from websockets.sync.client import connect
+
+    from engine.restclient import PlatformClient
+
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    (home / "models" / "tiny-arith").symlink_to(engine_home / "models" / "tiny-arith")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "REDIS_URL", "RAY_ADDRESS", "DJANGO_SETTINGS_MODULE")}
+    env |= {"PLEXRL_HOME": str(home), "PYTHONPATH": str(live.REPO)}
+    port = live.free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = live.start([sys.executable, "-m", "plexrl", "up", "--port", str(port), "--no-browser"], env=env,
+                      log=tmp_path / "up.log")
+    try:
+        live.wait_until(lambda: _healthy(url), 180, "plexrl up did not serve", [proc])
+
+        def manage(*args: str) -> str:
+            done = subprocess.run([sys.executable, str(live.REPO / "manage.py"), *args], env=env, capture_output=True,
+                                  text=True, timeout=120, check=True)
+            return done.stdout.strip()
+
+        manage("create_organization", "Lab", "--owner", "ada", "--password", "a-long-pass-phrase")
+        token = manage("create_token", "ada")
+        client = PlatformClient(url, token, timeout=30)
+        job = client.submit(SPEC, name="embedded")
+
+        points, states = set(), []
+        with connect(f"ws://127.0.0.1:{port}/ws/jobs/{job['id']}/",
+                     additional_headers={"Authorization": f"Bearer {token}"}) as socket:
+            while not (states and states[-1] == "succeeded" and len(points) == SPEC["steps"]):
+                message = json.loads(socket.recv(timeout=240))
+                if message["type"] == "metrics":
+                    assert message["step"] not in points, "a point arrived twice"
+                    points.add(message["step"])
+                elif message["type"] == "job":
+                    states.append(message["job"]["state"])
+                proc.check_alive()
+        assert points == {1, 2, 3}
+        assert client.job(job["id"])["state"] == "succeeded"
+        assert len(client.metrics(job["id"])) == SPEC["steps"]
+        assert [row for row in client.savings()["jobs"] if row["job"] == job["id"]]
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        try:
+            code = proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.stop()
+            pytest.fail(f"plexrl up did not stop on Ctrl-C; its log ends:\n{proc.tail()}")
+    assert code == 0, proc.tail()
+    assert "PlexRL: stopped." in proc.log.read_text()
+    assert not live.leftovers(env), "processes left running after Ctrl-C"
