@@ -92,14 +92,19 @@ def _looks_like_a_path(value: str) -> bool:
 
 
 def resolve_model(*, spec: Any) -> Any:
-    """The spec with a registered model's name replaced by its folder. Presets and unknown names
-    stay as they are (the engine builds presets on demand and reports unknown names when the job
-    runs); a path is refused (``ValidationError({"spec.model": ...})``)."""
+    """The spec with a registered model's name replaced by its folder; a built-in preset's name
+    stays (the engine builds presets on demand). A path or a name that is neither is refused
+    (``ValidationError({"spec.model": ...})``): bad input never reaches the engine."""
     if not isinstance(spec, dict) or not isinstance(spec.get("model"), str):
         return spec
     name = spec["model"]
     if _looks_like_a_path(name):
         raise ValidationError({"spec.model": "name a built-in preset or a registered model (GET models/), "
                                              "not a path"})
+    if name in PRESETS:
+        return spec
     path = RegisteredModel.objects.filter(name=name).values_list("path", flat=True).first()
-    return spec if path is None else {**spec, "model": path}
+    if path is None:
+        known = sorted(PRESETS) + list(RegisteredModel.objects.order_by("name").values_list("name", flat=True))
+        raise ValidationError({"spec.model": f"unknown model {name!r}; known: {', '.join(known)}"})
+    return {**spec, "model": path}

@@ -128,12 +128,14 @@ def test_create_with_only_a_spec_takes_the_defaults(tenant, session_client):
     assert body["spec"]["task"] == "arith"
 
 
-def test_create_does_not_check_that_the_model_exists(tenant, token_client):
-    # The engine's JobSpec validates the task, steps, backends...; a model is resolved when the job runs.
+def test_create_refuses_an_unknown_model(tenant, token_client):
     client = token_client(tenant.member, tenant.organization)
     response = client.post(JOBS, {"spec": {"task": "arith", "model": "no-such-model"}}, format="json")
-    assert response.status_code == 201
-    assert response.json()["spec"]["model"] == "no-such-model"
+    assert response.status_code == 400
+    message = response.json()["spec.model"][0]
+    assert "unknown model 'no-such-model'" in message
+    assert "tiny-arith" in message  # the known ones are named
+    assert not Job.objects.exists()
 
 
 @pytest.mark.parametrize(

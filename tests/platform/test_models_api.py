@@ -165,13 +165,23 @@ def test_a_job_naming_a_registered_model_stores_its_folder(tenant, token_client,
     assert Job.objects.get().spec["model"] == str(folder)
 
 
-@pytest.mark.parametrize("model", ["tiny-arith", "not-registered"])
-def test_presets_and_unknown_names_are_left_to_the_engine(tenant, token_client, model):
+def test_a_preset_name_is_left_to_the_engine(tenant, token_client):
     response = token_client(tenant.member, tenant.organization).post(
-        JOBS, {"spec": {"task": "arith", "model": model}}, format="json"
+        JOBS, {"spec": {"task": "arith", "model": "tiny-arith"}}, format="json"
     )
     assert response.status_code == 201, response.json()
-    assert Job.objects.get().spec["model"] == model
+    assert Job.objects.get().spec["model"] == "tiny-arith"
+
+
+def test_a_name_neither_preset_nor_registered_is_refused(tenant, token_client, tmp_path):
+    model = RegisteredModel.objects.create(name="mine", path=str(tmp_path))
+    response = token_client(tenant.member, tenant.organization).post(
+        JOBS, {"spec": {"task": "arith", "model": "not-registered"}}, format="json"
+    )
+    assert response.status_code == 400
+    assert "unknown model 'not-registered'" in response.json()["spec.model"][0]
+    assert model.name in response.json()["spec.model"][0]  # registered models are named too
+    assert not Job.objects.exists()
 
 
 @pytest.mark.parametrize("model", ["/srv/plexrl/runs/job-1/checkpoint", "~/models/x", "./x", "..\\x"])
