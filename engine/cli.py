@@ -194,9 +194,58 @@ def cmd_models_build(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- plexrl engine start | status | stop ----------------------------------------------------------
+
+
+def add_engine_service(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("engine", help="the engine service on a Ray cluster (production: separate processes)")
+    esub = p.add_subparsers(dest="engine_command", required=True, parser_class=type(p))
+    for name, help_text in (("start", "start the engine service on the cluster (idempotent) and print its groups"),
+                            ("status", "print the running engine service's groups, jobs and scheduler counters"),
+                            ("stop", "stop the engine service: its jobs are cancelled, its groups shut down")):
+        c = esub.add_parser(name, help=help_text)
+        c.add_argument("--address", default=None,
+                       help="the Ray cluster to join (default: $RAY_ADDRESS; start one with `ray start --head`)")
+        c.set_defaults(func=cmd_engine_service)
+
+
+def cmd_engine_service(args: argparse.Namespace) -> int:
+    """The engine runs as a named, detached actor on a Ray cluster this command only joins: it
+    outlives the command, and the platform's Celery workers reach it with the same RAY_ADDRESS."""
+    import os
+
+    import ray
+
+    from engine.paths import plexrl_home
+    from engine.service import SERVICE_NAME, EngineClient
+
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise CliError("address: the engine service lives on a Ray cluster: start one with `ray start --head` "
+                       "and pass --address or set RAY_ADDRESS (plexrl up runs a local engine of its own)")
+    if args.engine_command == "start":
+        client = EngineClient(address=address, data_dir=plexrl_home())
+        print(json.dumps(client.cluster_snapshot(), indent=2, default=str))
+        return 0
+    ray.init(address=address, namespace="plexrl", log_to_driver=False)
+    try:
+        actor = ray.get_actor(SERVICE_NAME, namespace="plexrl")
+    except ValueError:
+        print(f"plexrl: no engine service runs on the cluster at {address}", file=sys.stderr)
+        return 1
+    if args.engine_command == "status":
+        print(json.dumps(ray.get(actor.cluster_snapshot.remote(), timeout=60), indent=2, default=str))
+        return 0
+    ray.get(actor.shutdown.remote(), timeout=300)
+    ray.kill(actor)
+    print("engine service stopped")
+    return 0
+
+
 def add_engine_commands(sub: argparse._SubParsersAction) -> None:
     add_train(sub)
     add_models(sub)
+    add_engine_service(sub)
     from engine.bench import add_bench
 
     add_bench(sub)
