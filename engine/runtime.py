@@ -38,6 +38,9 @@ def start_ray(config: EngineConfig) -> None:
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local-only cluster, no token files
     ray.init(
+        # A new local instance, always: with no address, Ray would join the last cluster that
+        # `ray start` ran on this machine (its address stays in /tmp/ray even after it stopped).
+        address="local",
         num_cpus=config.num_cpus,
         num_gpus=accelerator_count(),
         resources={DEVICE_RESOURCE: config.devices},
