@@ -36,14 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add_engine_commands(sub)
     add_platform_commands(sub)
-    demo = sub.add_parser("demo", help="run the demo (for now: one training run with defaults)")
-    demo.set_defaults(func=_demo)
     up = sub.add_parser("up", help="run the whole platform in one process tree: web server and dashboard, "
                                    "Celery worker and beat, the engine on a local Ray (Ctrl-C stops it)")
-    up.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: %(default)s)")
-    up.add_argument("--port", type=_port, default=8000, help="port to serve on (default: %(default)s)")
-    up.add_argument("--no-browser", action="store_true", help="do not open the dashboard in a browser")
+    _serving(up)
     up.set_defaults(func=_up)
+    demo = sub.add_parser("demo", help="plexrl up, plus a demo organization and admin and four demo jobs "
+                                       "of different shapes, with their progress in the terminal")
+    _serving(demo)
+    demo.add_argument("--exit-after-jobs", action="store_true",
+                      help="stop once the demo jobs have ended: exit 0 if they all succeeded, 1 if not")
+    demo.set_defaults(func=_up)
     return parser
 
 
@@ -53,21 +55,23 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _serving(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: %(default)s)")
+    parser.add_argument("--port", type=_port, default=8000, help="port to serve on (default: %(default)s)")
+    parser.add_argument("--no-browser", action="store_true", help="do not open the dashboard in a browser")
+
+
 def _up(args: argparse.Namespace) -> int:
     add_platform_to_path()
-    from config.embedded import port_free, up
+    from config import embedded
 
-    if not port_free(args.host, args.port):
+    if not embedded.port_free(args.host, args.port):
         print(f"plexrl: error: {args.host}:{args.port} is in use (choose another with --port)", file=sys.stderr)
         return 2
-    return up(host=args.host, port=args.port, open_browser=not args.no_browser)
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from engine.cli import cmd_train
-
-    train = build_parser().parse_args(["train"])
-    return cmd_train(train)
+    if args.command == "demo":
+        return embedded.demo(host=args.host, port=args.port, open_browser=not args.no_browser,
+                             exit_after_jobs=args.exit_after_jobs)
+    return embedded.up(host=args.host, port=args.port, open_browser=not args.no_browser)
 
 
 def main(argv: list[str] | None = None) -> int:
