@@ -57,4 +57,17 @@ class JobDriver:
             raise
         self.events.append("state", {"state": "succeeded"}, durable=True)
         self.events.append("summary", summary, durable=True)
+        self._profile()
         return summary
+
+    def _profile(self) -> None:
+        """Keep what this job measured as the profile of its shape (``engine.estimate``), so the next
+        job of that shape is estimated from it. Best effort: a job never fails for its profile."""
+        from engine.estimate import write_profile
+        from engine.eventlog import read_events
+
+        try:
+            usage = [e["data"] for e in read_events(self.events.path) if e["kind"] == "usage"]
+            write_profile(self.spec, usage)
+        except Exception as exc:
+            self.events.append("log", {"message": f"profile not written: {type(exc).__name__}: {exc}"})

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from engine.scheduler.placement import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
+
 
 @dataclass(frozen=True)
 class UsageRecord:
@@ -46,3 +48,51 @@ class UsageRecord:
 def device_seconds(records: Iterable[UsageRecord], *, job: str | None = None) -> float:
     """Device-seconds billed for ``records`` (those of ``job`` when given), setup included."""
     return sum(r.device_seconds for r in records if job is None or r.job == job)
+
+
+# The calls an async split deployment overlaps: the rollout side's generation against the train
+# side's passes (the engine's function sets, less the weight sync and checkpoints, which neither overlaps).
+ROLLOUT_SIDE = ROLLOUT_FUNCTIONS - {"sync_weights"}
+TRAIN_SIDE = TRAIN_FUNCTIONS - {"save_checkpoint", "load_checkpoint"}
+
+
+def savings_of_rows(rows: list[dict[str, Any]], reserved_devices: int, mode: str = "isolated_split") -> dict[str, Any]:
+    """Billed device-hours against the dedicated counterfactual of one job's usage rows (dicts with
+    ``call, fn, start, end, queued_s, setup_s, device_seconds``), declared reservation and deployment
+    mode (``isolated_split``, ``async_split``, ``colocated``).
+
+    Billed: device-seconds of the job's calls, switches included. Counterfactual: the declared
+    reservation held for the wall time the job would have taken alone: its span less what sharing
+    added (each call's wait for its groups once it could run, and its switch-in time); for an async
+    split, less also the overlap of its generation with its training passes. Used by the platform's
+    billing (measured rows) and by pre-run estimates (predicted rows, ``engine.estimate``)."""
+    billed = sum(r["device_seconds"] for r in rows)
+    if not rows:
+        return {"billed_device_hours": 0.0, "counterfactual_device_hours": 0.0, "savings": None,
+                "isolated_wall_seconds": 0.0, "counterfactual_wall_seconds": 0.0}
+    calls = {r["call"]: r for r in rows}  # a call held by two groups has a row each; count it once
+    span = max(r["end"] for r in rows) - min(r["start"] - r["queued_s"] for r in rows)
+    shared_cost = sum(r["queued_s"] + r["setup_s"] for r in calls.values())
+    isolated = max(0.0, span - shared_cost)
+    wall = isolated
+    if mode == "async_split":
+        # one step off-policy: the rollout side's generation overlaps the train side's passes, so
+        # the shorter side's busy time comes off the sequential wall (never below the longer side)
+        def busy(side: frozenset[str]) -> float:
+            return sum(r["end"] - r["start"] - r["setup_s"] for r in calls.values() if r["fn"] in side)
+
+        rollout, train = busy(ROLLOUT_SIDE), busy(TRAIN_SIDE)
+        wall = max(isolated - min(rollout, train), rollout, train)
+    counterfactual = reserved_devices * wall
+    return {
+        "billed_device_hours": billed / 3600,
+        "counterfactual_device_hours": counterfactual / 3600,
+        "isolated_wall_seconds": isolated,
+        "counterfactual_wall_seconds": wall,
+        "savings": 1 - billed / counterfactual if counterfactual > 0 else None,
+    }
+
+
+def record_rows(records: Iterable[UsageRecord]) -> list[dict[str, Any]]:
+    """Usage records as the rows ``savings_of_rows`` reads."""
+    return [{**r.to_dict(), "device_seconds": r.device_seconds} for r in records]

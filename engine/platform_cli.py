@@ -51,7 +51,14 @@ The job is described by SPEC.json (or - for stdin), by flags, or both (flags win
   --set KEY=VALUE sets a spec field, dotted for nested ones (--set grpo.lr=1e-4); VALUE is read
   as JSON when it parses (1e-4, 8, true, null), else as a string (--set rollout=torch).
 
-Prints the new job's id on stdout (JOB=$(plexrl jobs submit ...)) and its web page on stderr."""
+Prints the new job's id on stdout (JOB=$(plexrl jobs submit ...)) and, on stderr, its web page and
+the platform's pre-run estimate of its cost."""
+
+ESTIMATE_HELP = SUBMIT_HELP.split("\n\nPrints")[0] + """
+
+Prints the platform's pre-run estimate and submits nothing: the device-hours the job would hold on
+its declared dedicated deployment and what it would be billed multiplexed (from a finished job of
+the same shape when there is one, else the calibrated cost model)."""
 
 
 # -- shared ---------------------------------------------------------------------------------------
@@ -147,13 +154,8 @@ def cmd_login(args: argparse.Namespace) -> int:
 # -- plexrl jobs ----------------------------------------------------------------------------------
 
 
-def add_jobs(sub: argparse._SubParsersAction) -> None:
-    common = _connection_args()
-    p = sub.add_parser("jobs", help="submit, list, watch and control jobs on a platform")
-    jsub = p.add_subparsers(dest="jobs_cmd", required=True)
-
-    s = jsub.add_parser("submit", parents=[common], help="submit a job; prints its id",
-                        description=SUBMIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+def _submission_args(s: argparse.ArgumentParser) -> None:
+    """The arguments describing a job (``jobs submit`` and ``jobs estimate`` take the same)."""
     s.add_argument("spec_file", nargs="?", type=Path, metavar="SPEC.json", help="the job spec (- for stdin)")
     s.add_argument("--task")
     s.add_argument("--model", help="a preset or a registered model's name")
@@ -166,7 +168,23 @@ def add_jobs(sub: argparse._SubParsersAction) -> None:
                    help="the dedicated deployment the savings compare with (default async_split)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="set a spec field, dotted for nested ones (repeatable): --set grpo.lr=1e-4")
+
+
+def add_jobs(sub: argparse._SubParsersAction) -> None:
+    common = _connection_args()
+    p = sub.add_parser("jobs", help="submit, list, watch and control jobs on a platform")
+    jsub = p.add_subparsers(dest="jobs_cmd", required=True)
+
+    s = jsub.add_parser("submit", parents=[common], help="submit a job; prints its id",
+                        description=SUBMIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _submission_args(s)
     s.set_defaults(func=cmd_jobs_submit)
+
+    e = jsub.add_parser("estimate", parents=[common], help="what a job would cost, before it runs",
+                        description=ESTIMATE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _submission_args(e)
+    e.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    e.set_defaults(func=cmd_jobs_estimate)
 
     ls = jsub.add_parser("list", parents=[common], help="the organization's jobs, newest first")
     ls.add_argument("--state", help="only jobs in this state (queued, running, succeeded, ...)")
@@ -251,6 +269,25 @@ def cmd_jobs_submit(args: argparse.Namespace) -> int:
     print(job["id"])
     name = f" {job['name']!r}" if job["name"] else ""
     print(f"created job {job['id']}{name} ({job['state']}): {_job_page(client, job['id'])}", file=sys.stderr)
+    if job.get("estimate"):
+        print(f"estimate: {estimate_line(job['estimate'])}", file=sys.stderr)
+    return 0
+
+
+def estimate_line(e: dict[str, Any]) -> str:
+    """An estimate in one line: dedicated and multiplexed device-hours, savings, step time, basis."""
+    saved = "" if e["savings"] is None else f" ({e['savings']:.0%} less)"
+    basis = "a finished job of this shape" if e["basis"] == "profile" else "the cost model"
+    return (f"dedicated {e['dedicated_device_hours']:.4g} device-hours, multiplexed "
+            f"{e['multiplexed_device_hours']:.4g} device-hours{saved}; about {e['step_seconds']:.1f} s per step "
+            f"(from {basis})")
+
+
+def cmd_jobs_estimate(args: argparse.Namespace) -> int:
+    spec, options = build_submission(args)
+    options.pop("name", None)
+    figures = _client(args).estimate(spec, **options)
+    print(json.dumps(figures, indent=2) if args.json else estimate_line(figures))
     return 0
 
 

@@ -212,6 +212,17 @@ class PlatformClient:
             "spec": spec, "name": name, "rollout_devices": rollout_devices, "train_devices": train_devices,
             "deployment_mode": deployment_mode})
 
+    def estimate(self, spec: dict[str, Any], *, rollout_devices: int = 1, train_devices: int = 1,
+                 deployment_mode: str = "async_split") -> dict[str, Any]:
+        """What a job would cost before it runs (``POST jobs/estimate/``; the arguments of ``submit``,
+        nothing is created): ``dedicated_device_hours`` (its declared dedicated deployment),
+        ``multiplexed_device_hours`` (what it would be billed), ``savings``, ``step_seconds`` and
+        ``basis`` ("profile": from a finished job of the same shape; "model": the cost model).
+        An invalid spec raises ``ApiError`` 400 naming the field, as ``submit`` does."""
+        return self._json("POST", "jobs/estimate/", body={
+            "spec": spec, "rollout_devices": rollout_devices, "train_devices": train_devices,
+            "deployment_mode": deployment_mode})
+
     def jobs(self, state: str | None = None, *, search: str | None = None) -> list[dict[str, Any]]:
         """The organization's jobs, newest first; ``state``: only those in it (``running``, ...);
         ``search``: a piece of the name."""

@@ -186,13 +186,13 @@ class EngineService:
         }
 
     def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:
-        """What a job would hold on a dedicated deployment: the devices of its groups (the counterfactual
-        billing compares with), and how many calls a step makes to each side."""
-        parsed = JobSpec.from_dict(spec)
-        g = parsed.grpo
-        return {"dedicated_devices": self.config.devices_per_group * 2, "steps": parsed.steps,
-                "samples_per_step": g.prompts_per_step * g.samples_per_prompt,
-                "train_calls_per_step": 2 * g.updates_per_step + int(g.recompute_logprobs) + int(g.kl_coef > 0)}
+        """A job's pre-run estimate (``engine.estimate``): its predicted calls, wall and step seconds,
+        and whether they come from a stored profile of its shape or the cost model. Needs no worker
+        group; the platform calls ``engine.estimate`` in-process instead (a web request never waits
+        on Ray)."""
+        from engine.estimate import estimate
+
+        return estimate(JobSpec.from_dict(spec)).to_dict()  # profiles: PLEXRL_HOME's, where drivers write
 
     def shutdown(self) -> None:
         for job in list(self.drivers):

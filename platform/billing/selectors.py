@@ -12,7 +12,10 @@ from django.utils import timezone
 
 from accounts.models import Organization
 from billing.models import CapacitySample, UsageEntry
-from engine.scheduler.placement import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
+from engine.estimate import estimate
+from engine.metering import record_rows, savings_of_rows
+from engine.service import ServiceConfig
+from engine.spec import JobSpec
 from jobs.models import Job
 
 
@@ -31,40 +34,24 @@ def device_hours_in_month(*, organization: Organization, when: dt.datetime) -> f
     return (total or 0.0) / 3600
 
 
-# The calls an async split deployment overlaps: the rollout side's generation against the train
-# side's passes (the engine's function sets, less the weight sync and checkpoints, which neither overlaps).
-ROLLOUT_SIDE = ROLLOUT_FUNCTIONS - {"sync_weights"}
-TRAIN_SIDE = TRAIN_FUNCTIONS - {"save_checkpoint", "load_checkpoint"}
+# One implementation of billed against dedicated, shared with pre-run estimates (DESIGN section 5).
+_savings = savings_of_rows
 
 
-def _savings(rows: list[dict[str, Any]], reserved_devices: int, mode: str = "isolated_split") -> dict[str, Any]:
-    """``job_savings`` of one job's usage rows (``_SAVINGS_FIELDS``), declared reservation and
-    deployment mode."""
-    billed = sum(r["device_seconds"] for r in rows)
-    if not rows:
-        return {"billed_device_hours": 0.0, "counterfactual_device_hours": 0.0, "savings": None,
-                "isolated_wall_seconds": 0.0, "counterfactual_wall_seconds": 0.0}
-    calls = {r["call"]: r for r in rows}  # a call held by two groups has a row each; count it once
-    span = max(r["end"] for r in rows) - min(r["start"] - r["queued_s"] for r in rows)
-    shared_cost = sum(r["queued_s"] + r["setup_s"] for r in calls.values())
-    isolated = max(0.0, span - shared_cost)
-    wall = isolated
-    if mode == "async_split":
-        # one step off-policy: the rollout side's generation overlaps the train side's passes, so
-        # the shorter side's busy time comes off the sequential wall (never below the longer side)
-        def busy(side: frozenset[str]) -> float:
-            return sum(r["end"] - r["start"] - r["setup_s"] for r in calls.values() if r["fn"] in side)
+def estimate_figures(*, spec: JobSpec, reserved_devices: int, deployment_mode: str) -> dict[str, Any]:
+    """A job's pre-run estimate as the bill would state it: the engine's predicted calls
+    (``engine.estimate``: from a profile of the job's shape, else the cost model) as usage rows on
+    the engine service's shared groups, through the savings function billing uses.
 
-        rollout, train = busy(ROLLOUT_SIDE), busy(TRAIN_SIDE)
-        wall = max(isolated - min(rollout, train), rollout, train)
-    counterfactual = reserved_devices * wall
-    return {
-        "billed_device_hours": billed / 3600,
-        "counterfactual_device_hours": counterfactual / 3600,
-        "isolated_wall_seconds": isolated,
-        "counterfactual_wall_seconds": wall,
-        "savings": 1 - billed / counterfactual if counterfactual > 0 else None,
-    }
+    ``{"dedicated_device_hours", "multiplexed_device_hours", "savings", "step_seconds", "basis"}``:
+    multiplexed is what the job would be billed (its calls' device-hours), dedicated the counterfactual
+    of its declared reservation and deployment mode. In-process and cheap (no engine call)."""
+    predicted = estimate(spec, home=settings.PLEXRL_HOME)
+    rows = record_rows(predicted.usage_records(devices_per_group=ServiceConfig().devices_per_group))
+    figures = _savings(rows, reserved_devices, deployment_mode)
+    return {"dedicated_device_hours": figures["counterfactual_device_hours"],
+            "multiplexed_device_hours": figures["billed_device_hours"], "savings": figures["savings"],
+            "step_seconds": predicted.step_seconds, "basis": predicted.basis}
 
 
 _SAVINGS_FIELDS = ("call", "fn", "start", "end", "queued_s", "setup_s", "device_seconds")
@@ -93,7 +80,9 @@ def usage_of(*, organization: Organization, job: int | None = None) -> QuerySet[
 
 def savings_of(*, organization: Organization) -> dict[str, Any]:
     """``job_savings`` of each of the organization's jobs (newest first) and the totals, in two
-    queries: ``{"jobs": [{"job", "name", "state", <job_savings>}...], "totals": {...}}``.
+    queries: ``{"jobs": [{"job", "name", "state", "estimated_device_hours", <job_savings>}...],
+    "totals": {...}}``; ``estimated_device_hours``: the pre-run estimate of what it would be billed
+    (null for a job made before estimates).
     Total savings = 1 - all billed / all counterfactual device-hours (None when nothing ran)."""
     rows: dict[int, list[dict[str, Any]]] = {}
     for row in UsageEntry.objects.filter(organization=organization).values("job_id", *_SAVINGS_FIELDS):
@@ -101,6 +90,7 @@ def savings_of(*, organization: Organization) -> dict[str, Any]:
     jobs = []
     for job in Job.objects.filter(organization=organization).order_by("-created_at", "-id"):
         jobs.append({"job": job.pk, "name": job.name, "state": job.state,
+                     "estimated_device_hours": (job.estimate or {}).get("multiplexed_device_hours"),
                      **_savings(rows.get(job.pk, []), job.reserved_devices, job.deployment_mode)})
     return {"jobs": jobs, "totals": _savings_totals(jobs)}
 

@@ -54,8 +54,11 @@ class JobSavingsSerializer(SavingsFiguresSerializer):
     job = serializers.IntegerField()
     name = serializers.CharField()
     state = serializers.ChoiceField(choices=JobState.choices)
+    estimated_device_hours = serializers.FloatField(
+        allow_null=True, help_text="The pre-run estimate of the billed device-hours (null: made before estimates).")
 
-    CSV_FIELDS = ("job", "name", "state", "billed_device_hours", "counterfactual_device_hours", "savings")
+    CSV_FIELDS = ("job", "name", "state", "estimated_device_hours", "billed_device_hours",
+                  "counterfactual_device_hours", "savings")
 
 
 class SavingsTotalsSerializer(SavingsFiguresSerializer):

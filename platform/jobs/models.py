@@ -43,6 +43,9 @@ class Job(models.Model):
     train_devices = models.PositiveIntegerField(default=1)
     deployment_mode = models.CharField(max_length=20, choices=DeploymentMode.choices,
                                        default=DeploymentMode.ASYNC_SPLIT)
+    estimate = models.JSONField(null=True, blank=True, help_text="The pre-run estimate made on submit "
+                                "(billing.selectors.estimate_figures): dedicated and multiplexed device-hours, "
+                                "savings, step seconds, basis.")
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
     state_reason = models.TextField(blank=True)
     paused_by_quota = models.BooleanField(default=False, help_text="Paused because the budget ran out.")

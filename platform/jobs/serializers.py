@@ -76,6 +76,19 @@ class SavingsSerializer(SavingsFiguresSerializer):
     isolated_wall_seconds = serializers.FloatField()
 
 
+class EstimateSerializer(serializers.Serializer):
+    """A job's pre-run estimate (``POST jobs/estimate/``, and ``estimate`` of a job made since):
+    the device-hours it would hold on its declared dedicated deployment and what it would be billed
+    multiplexed, both through billing's savings function."""
+
+    dedicated_device_hours = serializers.FloatField()
+    multiplexed_device_hours = serializers.FloatField()
+    savings = serializers.FloatField(allow_null=True)
+    step_seconds = serializers.FloatField(help_text="Predicted wall seconds per step, the job alone.")
+    basis = serializers.ChoiceField(choices=("profile", "model"), help_text="'profile': scaled from a finished "
+                                    "job of the same shape; 'model': the calibrated cost model.")
+
+
 class JobSerializer(serializers.ModelSerializer):
     """A job in a list (no spec, no savings)."""
 
@@ -117,8 +130,11 @@ class JobDetailSerializer(JobSerializer):
             "paused_by_quota",
             "updated_at",
             "savings",
+            "estimate",
         )
         read_only_fields = fields
+
+    estimate = EstimateSerializer(read_only=True, allow_null=True, help_text="Made on submit; null for older jobs.")
 
     @extend_schema_field(SavingsSerializer)
     def get_savings(self, obj: Job) -> dict:

@@ -16,7 +16,7 @@ from django.utils import timezone
 from accounts.models import Organization, Quota, User
 from accounts.services import audit_record
 from billing.models import UsageEntry
-from billing.selectors import device_hours_in_month
+from billing.selectors import device_hours_in_month, estimate_figures
 from engine.errors import SpecError
 from engine.scheduler.core import Policy
 from engine.spec import JobSpec
@@ -73,9 +73,10 @@ def _check_quota(*, organization: Organization, devices: int) -> None:
                                 f"{used:.2f} of {quota.device_hours_per_month} device-hours used this month")
 
 
-def job_create(*, organization: Organization, user: User | None, spec: dict, name: str = "",
-               rollout_devices: int = 1, train_devices: int = 1,
-               deployment_mode: str = DeploymentMode.ASYNC_SPLIT) -> Job:
+def _validated(*, organization: Organization, spec: dict, rollout_devices: int, train_devices: int,
+               deployment_mode: str) -> JobSpec:
+    """A job's input as the engine will see it: its JobSpec, datasets and registered models resolved to
+    paths; every error a field error (``ValidationError``)."""
     # a dataset id and a registered model's name become paths (the stored spec keeps the paths)
     spec = resolve_model(spec=resolve_dataset(organization=organization, spec=spec))
     parsed = parse_spec(spec)
@@ -87,6 +88,26 @@ def job_create(*, organization: Organization, user: User | None, spec: dict, nam
         errors["deployment_mode"] = f"must be one of {', '.join(DeploymentMode.values)}"
     if errors:
         raise ValidationError(errors)
+    return parsed
+
+
+def job_estimate(*, organization: Organization, spec: dict, rollout_devices: int = 1, train_devices: int = 1,
+                 deployment_mode: str = DeploymentMode.ASYNC_SPLIT) -> dict[str, Any]:
+    """What a job would cost, before it runs (``billing.selectors.estimate_figures``): validated
+    exactly as ``job_create`` validates it; writes nothing and never calls the engine service."""
+    parsed = _validated(organization=organization, spec=spec, rollout_devices=rollout_devices,
+                           train_devices=train_devices, deployment_mode=deployment_mode)
+    return estimate_figures(spec=parsed, reserved_devices=rollout_devices + train_devices,
+                            deployment_mode=deployment_mode)
+
+
+def job_create(*, organization: Organization, user: User | None, spec: dict, name: str = "",
+               rollout_devices: int = 1, train_devices: int = 1,
+               deployment_mode: str = DeploymentMode.ASYNC_SPLIT) -> Job:
+    parsed = _validated(organization=organization, spec=spec, rollout_devices=rollout_devices,
+                           train_devices=train_devices, deployment_mode=deployment_mode)
+    estimate = estimate_figures(spec=parsed, reserved_devices=rollout_devices + train_devices,
+                                deployment_mode=deployment_mode)
     from jobs import tasks
 
     with transaction.atomic():
@@ -94,7 +115,8 @@ def job_create(*, organization: Organization, user: User | None, spec: dict, nam
         _check_quota(organization=organization, devices=rollout_devices + train_devices)
         job = Job.objects.create(organization=organization, created_by=user, name=name[:200],
                                  spec=parsed.to_dict(), rollout_devices=rollout_devices,
-                                 train_devices=train_devices, deployment_mode=deployment_mode)
+                                 train_devices=train_devices, deployment_mode=deployment_mode,
+                                 estimate=estimate)
         audit_record(organization=organization, actor=user, action="job.created", target=job.engine_id,
                      data={"name": job.name, "task": parsed.task, "steps": parsed.steps})
         transaction.on_commit(lambda: tasks.launch_job.delay(job.pk))

@@ -25,6 +25,7 @@ from jobs.models import Job
 from jobs.serializers import (
     ArtifactSerializer,
     ConflictSerializer,
+    EstimateSerializer,
     EventFilterSerializer,
     JobCancelSerializer,
     JobCreateSerializer,
@@ -84,6 +85,22 @@ class JobListCreateView(OrgGenericAPIView):
         except services.QuotaExceeded as exc:
             raise Conflict(exc.message, limit=exc.limit) from None
         return _detail(request, job, status.HTTP_201_CREATED)
+
+
+class JobEstimateView(OrgGenericAPIView):
+    """``POST jobs/estimate/``: what a job would cost before it runs (members: the body of ``POST
+    jobs/``, validated the same way; nothing is created). Computed in-process from a profile of the
+    job's shape or the engine's cost model: it never waits on the engine."""
+
+    required_roles = role_map(POST=Role.MEMBER)
+    serializer_class = EstimateSerializer
+
+    @extend_schema(summary="Estimate a job's cost", request=JobCreateSerializer, responses=EstimateSerializer)
+    def post(self, request: Request) -> Response:
+        serializer = JobCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        body = {k: v for k, v in serializer.validated_data.items() if k != "name"}
+        return Response(EstimateSerializer(services.job_estimate(organization=request.organization, **body)).data)
 
 
 class JobView(OrgGenericAPIView):

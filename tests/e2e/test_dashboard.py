@@ -75,9 +75,19 @@ def test_sign_in_submit_watch_pause_resume_cluster_cancel_and_download(page, liv
     page.get_by_label("Max tokens", exact=True).fill("6")
     page.get_by_label("Evaluate every (steps)", exact=True).fill("5")
     page.get_by_label("Evaluation problems", exact=True).fill("10")
+    # --- the pre-run estimate of the form as it is ---------------------------------------------------
+    page.get_by_role("button", name="Estimate", exact=True).click()
+    estimate = page.locator("#estimate")
+    expect(estimate).to_have_attribute("data-state", "ready")
+    expect(estimate).to_contain_text("Dedicated:")
+    shown = float(estimate.get_attribute("data-multiplexed"))
+    assert 0 < shown < float(estimate.get_attribute("data-dedicated"))
     page.get_by_role("button", name="Submit job", exact=True).click()
     expect(page).to_have_url(re.compile(r"/jobs/\d+/$"), timeout=30_000)
     job = Job.objects.get(organization__name="Acme")
+    assert job.estimate["multiplexed_device_hours"] == shown  # what the form showed is what was stored
+    expect(page.locator("#job-estimated")).to_have_attribute(
+        "data-multiplexed", str(job.estimate["multiplexed_device_hours"]))
     # another organization's job shares the worker groups: on the timeline it is "other organization"
     services.job_create(organization=globex, user=rival, spec=OTHER_SPEC, name="globex secret")
     assert page.url.endswith(f"/jobs/{job.pk}/")

@@ -144,4 +144,17 @@ def test_cluster_snapshot_lists_the_shared_groups(engine, plain_run):
     snap = engine.cluster_snapshot()
     assert {(g["side"], g["backend"]) for g in snap["groups"]} >= {("train", "torch"), ("rollout", "torch")}
     assert "queued" in snap["scheduler"]
-    assert engine.estimate(SPEC)["samples_per_step"] == 32
+
+
+def test_a_finished_job_leaves_the_profile_its_shape_is_estimated_from(engine, plain_run, plexrl_home):
+    from engine.estimate import read_profile
+
+    profile = read_profile(SPEC, home=plexrl_home)  # written by the driver when the job succeeded
+    assert profile is not None
+    assert profile["measured_seconds"]["policy/generate"] > 0
+    same_shape = engine.estimate(dataclasses.replace(SPEC, seed=8, steps=30))
+    assert same_shape["basis"] == "profile"
+    assert same_shape["step_seconds"] > 0
+    assert {c["fn"] for c in same_shape["calls"]} >= {"create", "generate", "forward_backward", "sync_weights"}
+    other = engine.estimate(dataclasses.replace(SPEC, grpo=dataclasses.replace(SPEC.grpo, prompts_per_step=16)))
+    assert other["basis"] == "model"

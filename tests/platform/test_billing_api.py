@@ -119,8 +119,10 @@ def test_savings_per_job_and_totals(tenant, token_client, ledger):
     assert set(rows) == {ledger["a"].pk, ledger["b"].pk, ledger["idle"].pk}
     assert [row["job"] for row in body["jobs"]] == [ledger["idle"].pk, ledger["b"].pk, ledger["a"].pk]  # newest first
     a, b, idle = rows[ledger["a"].pk], rows[ledger["b"].pk], rows[ledger["idle"].pk]
-    assert set(a) == {"job", "name", "state", "billed_device_hours", "counterfactual_device_hours", "savings"}
+    assert set(a) == {"job", "name", "state", "estimated_device_hours", "billed_device_hours",
+                      "counterfactual_device_hours", "savings"}
     assert (a["name"], a["state"]) == ("a", "succeeded")
+    assert a["estimated_device_hours"] == pytest.approx(ledger["a"].estimate["multiplexed_device_hours"])
     # a: 20 device-seconds billed; alone it would hold 2 devices for its 20 s span
     assert a["billed_device_hours"] == pytest.approx(20 / 3600)
     assert a["counterfactual_device_hours"] == pytest.approx(40 / 3600)
@@ -170,7 +172,8 @@ def read_csv(response) -> list[list[str]]:
     return list(csv.reader(io.StringIO(response.content.decode())))
 
 
-HEADER = ["job", "name", "state", "billed_device_hours", "counterfactual_device_hours", "savings"]
+HEADER = ["job", "name", "state", "estimated_device_hours", "billed_device_hours", "counterfactual_device_hours",
+          "savings"]
 
 
 def test_savings_as_csv(tenant, token_client, ledger):

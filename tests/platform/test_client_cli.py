@@ -273,6 +273,42 @@ def test_watch_prints_each_step_until_the_job_ends(acme):
     assert result.stdout.splitlines()[-1] == f"job {failed_id} failed (out of memory)"
 
 
+def test_estimate_through_the_client_and_the_cli_and_on_submit(acme, tmp_path):
+    from jobs.models import Job
+
+    figures = acme.client.estimate(SPEC, rollout_devices=2, train_devices=2, deployment_mode="isolated_split")
+    assert set(figures) == {"dedicated_device_hours", "multiplexed_device_hours", "savings", "step_seconds", "basis"}
+    assert figures["basis"] == "model"  # the server's PLEXRL_HOME is fresh: no profiles
+    assert 0 < figures["multiplexed_device_hours"] < figures["dedicated_device_hours"]
+    with pytest.raises(ApiError) as err:
+        acme.client.estimate(SPEC | {"steps": 0})
+    assert (err.value.status, list(err.value.errors)) == (400, ["spec.steps"])
+
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SPEC | {"name": "ignored", "rollout_devices": 2, "train_devices": 2,
+                                            "deployment_mode": "isolated_split"}))
+    as_json = acme.cli("jobs", "estimate", str(spec_file), "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == pytest.approx(figures)
+    line = acme.cli("jobs", "estimate", "--task", "arith", "--model", "tiny-arith", "--steps", "5", "--set",
+                    "rollout=torch", "--set", "trainer=torch", "--rollout-devices", "2", "--train-devices", "2",
+                    "--deployment-mode", "isolated_split", "--seed", "1")
+    assert line.returncode == 0, line.stderr
+    assert line.stdout.startswith(f"dedicated {figures['dedicated_device_hours']:.4g} device-hours, multiplexed "
+                                  f"{figures['multiplexed_device_hours']:.4g} device-hours")
+    assert "(from the cost model)" in line.stdout
+    bad = acme.cli("jobs", "estimate", "--steps", "0")
+    assert bad.returncode == 2
+    assert one_error_line(bad).startswith("plexrl: error: HTTP 400: spec.steps:")
+    assert not Job.objects.filter(organization=acme.organization).exists()  # estimates create nothing
+
+    submit = acme.cli("jobs", "submit", str(spec_file))
+    assert submit.returncode == 0, submit.stderr
+    job = Job.objects.get(pk=int(submit.stdout))
+    assert job.estimate == pytest.approx(figures)
+    assert f"estimate: dedicated {figures['dedicated_device_hours']:.4g} device-hours" in submit.stderr
+
+
 @pytest.mark.slow
 def test_billing_report_shows_each_jobs_savings_and_the_csv_is_the_servers(acme):
     first = acme.client.submit(SPEC, name="small", rollout_devices=1, train_devices=1)["id"]

@@ -94,7 +94,7 @@ def test_create_a_job(tenant, token_client):
     assert set(body) == {
         "id", "name", "state", "state_reason", "rollout_devices", "train_devices", "reserved_devices",
         "deployment_mode", "created_by", "created_at", "started_at", "finished_at", "last_step", "spec",
-        "paused_by_quota", "updated_at", "savings",
+        "paused_by_quota", "updated_at", "savings", "estimate",
     }  # fmt: skip
     assert (body["state"], body["created_by"], body["reserved_devices"], body["last_step"]) == (
         "queued",

@@ -76,6 +76,22 @@ def test_the_submit_form_starts_at_the_engine_defaults_and_knows_who_may_submit(
 
 
 @pytest.mark.django_db
+def test_the_submit_form_has_a_labelled_estimate_and_the_job_page_estimated_vs_billed(tenant, session_client):
+    from jobs import services
+
+    html = session_client(tenant.member).get("/jobs/new/").content.decode()
+    assert '<output id="estimate" for="job-form" aria-live="polite"' in html
+    assert 'aria-labelledby="estimate-title"' in html
+    assert '<button type="button" id="estimate-job">Estimate</button>' in html
+    viewer = session_client(tenant.viewer).get("/jobs/new/").content.decode()
+    assert '<button type="button" id="estimate-job" disabled>' in viewer  # the API refuses viewers
+    job = services.job_create(organization=tenant.organization, user=tenant.member, spec={"steps": 3})
+    detail = session_client(tenant.viewer).get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="job-estimated"' in detail
+    assert 'id="job-billed"' in detail
+
+
+@pytest.mark.django_db
 def test_the_submit_form_offers_the_engines_backends_at_their_defaults(tenant, session_client):
     from engine.spec import ROLLOUT_BACKENDS, TRAINER_BACKENDS, default_rollout, default_trainer
 

@@ -56,6 +56,7 @@ async function loadSavings() {
       el("td", {}, el("a", { href: `/jobs/${job.job}/` }, `#${job.job}`)),
       el("td", {}, job.name || "(unnamed)"),
       el("td", {}, el("span", { class: "badge", dataset: { state: job.state } }, job.state)),
+      el("td", { class: "num" }, num(job.estimated_device_hours)),
       el("td", { class: "num" }, num(job.billed_device_hours)),
       el("td", { class: "num" }, num(job.counterfactual_device_hours)),
       el("td", { class: "num" }, percent(job.savings)))));

@@ -1,6 +1,7 @@
 // /jobs/<id>/: one job, live. Everything comes from the websocket /ws/jobs/<id>/ (it replays the
 // job's metrics and events from the start, then streams new ones): the state header, four
-// curves, the step table and the events list. The buttons POST to the REST actions.
+// curves, the step table and the events list. The buttons POST to the REST actions. Estimated vs
+// billed device-hours come from GET jobs/<id>/, read on load, on state changes and as steps arrive.
 import { api, pageData } from "./api.js";
 import { StepChart } from "./charts.js";
 import { el, num, showMessage, when } from "./dom.js";
@@ -60,6 +61,39 @@ for (const button of document.querySelectorAll("button[data-action]")) {
       button.disabled = false;
     }
   });
+}
+
+// --- estimated vs billed -----------------------------------------------------------------------
+
+const COST_REFRESH_MS = 5000;
+let costTimer = null;
+
+function deviceHours(value) {
+  return `${Number(value.toPrecision(3))} device-hours`;
+}
+
+function showCost(job) {
+  const estimated = document.getElementById("job-estimated");
+  const billed = document.getElementById("job-billed");
+  if (job.estimate) {
+    estimated.dataset.multiplexed = String(job.estimate.multiplexed_device_hours);
+    estimated.dataset.dedicated = String(job.estimate.dedicated_device_hours);
+    estimated.textContent = `${deviceHours(job.estimate.multiplexed_device_hours)} (dedicated: ${deviceHours(job.estimate.dedicated_device_hours)})`;
+  } else {
+    estimated.textContent = "none (submitted before estimates)";
+  }
+  const s = job.savings;
+  if (s && s.billed_device_hours > 0) {
+    billed.dataset.billed = String(s.billed_device_hours);
+    billed.textContent = `${deviceHours(s.billed_device_hours)} (dedicated: ${deviceHours(s.counterfactual_device_hours)})`;
+  }
+}
+
+/** Read the job's figures again, at most once per COST_REFRESH_MS. */
+function refreshCost() {
+  if (costTimer) return;
+  costTimer = setTimeout(() => { costTimer = null; }, COST_REFRESH_MS);
+  api(`jobs/${page.job}/`).then(showCost).catch(() => {}); // figures only: the live feed shows failures
 }
 
 // --- steps -------------------------------------------------------------------------------------
@@ -122,11 +156,18 @@ function addEvent(message) {
 // --- the feed ----------------------------------------------------------------------------------
 
 showState({ state: page.job_state, state_reason: "" });
+refreshCost();
 live(page.ws_path, {
   onStatus: showStatus(document.getElementById("live-status")),
   onMessage(message) {
-    if (message.type === "job" && message.job) showState(message.job);
-    else if (message.type === "metrics" && typeof message.step === "number") addStep(message.step, message.data || {});
-    else if (message.type === "event") addEvent(message);
+    if (message.type === "job" && message.job) {
+      showState(message.job);
+      clearTimeout(costTimer); // a state change: read the figures now
+      costTimer = null;
+      refreshCost();
+    } else if (message.type === "metrics" && typeof message.step === "number") {
+      addStep(message.step, message.data || {});
+      refreshCost(); // steps mean calls billed
+    } else if (message.type === "event") addEvent(message);
   },
 });

@@ -1,6 +1,8 @@
 // /jobs/new/: the submit form. Builds the job from the form (an input named "spec.grpo.lr" is
 // spec.grpo.lr of the body), POSTs it to /api/v1/jobs/ and shows the server's field errors beside
-// their fields (the API names them the same way) and anything else above the form.
+// their fields (the API names them the same way) and anything else above the form. The estimate
+// (POST /api/v1/jobs/estimate/, same body) follows the form as it changes, debounced, and on the
+// Estimate button; its figures go in #estimate (text, and data-dedicated / data-multiplexed).
 import { api, listAll } from "./api.js";
 import { el, showMessage } from "./dom.js";
 
@@ -12,6 +14,9 @@ const datasetField = document.getElementById("dataset-field");
 const model = document.getElementById("f-model");
 const tools = document.getElementById("tools-fields");
 const submit = document.getElementById("submit-job");
+const estimateOut = document.getElementById("estimate");
+const estimateButton = document.getElementById("estimate-job");
+const ESTIMATE_DELAY_MS = 400;
 
 /** Show the dataset picker for task "dataset" and the calculator's settings for "arith-tools";
  * disabled controls are left out of the job. */
@@ -104,6 +109,48 @@ function showErrors(err) {
   }
 }
 
+/** Device-hours for people: three significant figures. */
+function hours(value) {
+  return `${Number(value.toPrecision(3))} device-hours`;
+}
+
+let estimateTimer = null;
+let estimateSeq = 0;
+
+/** Ask for the estimate of the form as it is now; an answer to an older form is dropped. */
+async function estimate() {
+  clearTimeout(estimateTimer);
+  if (estimateButton.disabled) return; // viewers: the API would refuse
+  const seq = ++estimateSeq;
+  estimateOut.dataset.state = "loading";
+  try {
+    const e = await api("jobs/estimate/", { method: "POST", body: body() });
+    if (seq !== estimateSeq) return;
+    estimateOut.dataset.state = "ready";
+    estimateOut.dataset.dedicated = String(e.dedicated_device_hours);
+    estimateOut.dataset.multiplexed = String(e.multiplexed_device_hours);
+    estimateOut.dataset.basis = e.basis;
+    const saved = e.savings === null ? "" : `, ${Math.round(e.savings * 100)} % less`;
+    estimateOut.replaceChildren(
+      el("span", {}, `Dedicated: ${hours(e.dedicated_device_hours)}; multiplexed: ${hours(e.multiplexed_device_hours)}${saved}. `),
+      el("span", { class: "muted" }, `About ${e.step_seconds.toFixed(1)} s per step, from ${e.basis === "profile" ? "a finished job of the same shape" : "the cost model"}.`),
+    );
+  } catch (err) {
+    if (seq !== estimateSeq) return;
+    estimateOut.dataset.state = "error";
+    delete estimateOut.dataset.dedicated;
+    delete estimateOut.dataset.multiplexed;
+    estimateOut.textContent = err.fields
+      ? `No estimate: ${Object.entries(err.fields).map(([k, m]) => `${k}: ${m.join(" ")}`).join("; ")}`
+      : `No estimate: ${err.message}`;
+  }
+}
+
+function estimateSoon() {
+  clearTimeout(estimateTimer);
+  estimateTimer = setTimeout(estimate, ESTIMATE_DELAY_MS);
+}
+
 form.addEventListener("submit", async (event) => {
   event.preventDefault();
   clearErrors();
@@ -119,5 +166,9 @@ form.addEventListener("submit", async (event) => {
 });
 
 task.addEventListener("change", followTask);
+form.addEventListener("input", estimateSoon);
+form.addEventListener("change", estimateSoon);
+estimateButton.addEventListener("click", estimate);
 followTask();
+estimate();
 loadChoices().catch((err) => showMessage(general, `Could not load models and datasets: ${err.message}`));
