@@ -57,7 +57,7 @@ def test_make_demo_from_a_clean_clone(tmp_path):
 
     report = subprocess.run([str(clone / ".venv" / "bin" / "python"), "manage.py", "shell", "-c", REPORT],
                             cwd=clone, env=env, capture_output=True, text=True, timeout=120, check=True)
-    jobs = json.loads(report.stdout)
+    jobs = json.loads(report.stdout.strip().splitlines()[-1])  # the shell may print a banner first
     print(json.dumps(jobs, indent=2))  # the figures for the notes (pytest -s)
     assert len(jobs) >= 3
     for job in jobs:
