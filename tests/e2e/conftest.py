@@ -6,6 +6,8 @@ go to ``test-artifacts/browser/``."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,16 +35,23 @@ class LivePlatform:
 
 @pytest.fixture
 def live_platform(engine_home, transactional_db, tmp_path) -> Iterator[LivePlatform]:
-    """The platform's processes on the test database; after the test, none of them (nor any Ray
-    process they started) is left running."""
+    """The platform as production runs it, in separate processes: a Ray cluster with the engine
+    service on it (``plexrl engine start``), a Celery worker with its beat and daphne joining it
+    through RAY_ADDRESS, on the test database and Redis. After the test, none of them (nor any
+    Ray process) is left running."""
     broker = redis.Redis.from_url(settings.REDIS_URL)
     broker.flushdb()
     env = live.platform_env(engine_home)
-    worker = live.celery_worker(env, tmp_path, beat=True)
-    server, url = live.asgi_server(env, tmp_path)
-    yield LivePlatform(url=url, processes=[server, worker])
-    server.stop()
-    worker.stop()
+    with live.ray_cluster(env, tmp_path) as address:
+        env["RAY_ADDRESS"] = address
+        started = subprocess.run([sys.executable, "-m", "plexrl", "engine", "start"], env=env, capture_output=True,
+                                 text=True, timeout=180)
+        assert started.returncode == 0, started.stderr[-3000:]
+        worker = live.celery_worker(env, tmp_path, beat=True)
+        server, url = live.asgi_server(env, tmp_path)
+        yield LivePlatform(url=url, processes=[server, worker])
+        server.stop()
+        worker.stop()
     broker.flushdb()
     left = live.leftovers(env)
     assert not left, f"processes left running: {left}"

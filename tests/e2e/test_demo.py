@@ -3,7 +3,7 @@ then what ``make demo`` runs with ``--exit-after-jobs --no-browser``. The demo j
 their held-out accuracy rise (final = mean of the last three evaluations, as for ``plexrl
 train``), the savings report exist, and no process the demo started may be left running.
 
-It takes about a quarter of an hour (an install into a new virtualenv, the model presets built,
+It takes about eight minutes here (an install into a new virtualenv, the model presets built,
 four jobs trained), so the suite runs it only when ``PLEXRL_DEMO_TEST=1``; its figures go in the
 closing notes."""
 
@@ -21,7 +21,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(3600),
     pytest.mark.skipif(os.environ.get("PLEXRL_DEMO_TEST") != "1",
-                       reason="a quarter-hour run from a clean clone: set PLEXRL_DEMO_TEST=1"),
+                       reason="an eight-minute run from a clean clone: set PLEXRL_DEMO_TEST=1"),
 ]
 
 REPORT = """

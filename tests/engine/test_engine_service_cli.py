@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,39 +14,17 @@ import time
 
 import pytest
 
+from tests.platform import live
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def ray_head(tmp_path):
-    """``ray start --head --block`` in a session of its own: stopping it stops its daemons, and no
-    other Ray on the machine (``ray stop`` would stop them all)."""
-    port = _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
-    log = (tmp_path / "ray-head.log").open("w")
-    # A temp dir of its own (short: Ray's socket paths must fit in 107 bytes), so the "last
-    # cluster" address `ray start` records is not left in /tmp/ray for every later ray.init().
-    ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    head = subprocess.Popen(
-        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
-         f"--temp-dir={ray_tmp}", "--num-cpus=2", '--resources={"device": 2}', "--include-dashboard=false",
-         "--disable-usage-stats"],
-        env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
-    address = f"127.0.0.1:{port}"
-    yield address, env | {"PLEXRL_HOME": str(tmp_path / "home")}
-    os.killpg(head.pid, signal.SIGTERM)
-    try:
-        head.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(head.pid, signal.SIGKILL)
-    shutil.rmtree(ray_tmp, ignore_errors=True)
+    """A Ray head node of the test's own; (its address, the environment of the commands)."""
+    env = {**os.environ, "PLEXRL_HOME": str(tmp_path / "home")}
+    with live.ray_cluster(env, tmp_path) as address:
+        yield address, env
 
 
 def plexrl(env, *args: str) -> subprocess.CompletedProcess:
@@ -95,7 +71,7 @@ def test_a_local_engine_ignores_the_last_cluster_ray_start_left_behind():
     try:
         os.mkdir(os.path.join(ray_tmp, "ray"))  # Ray's temp dir under RAY_TMPDIR
         with open(os.path.join(ray_tmp, "ray", "ray_current_cluster"), "w") as f:
-            f.write(f"127.0.0.1:{_free_port()}")  # nobody listens there
+            f.write(f"127.0.0.1:{live.free_port()}")  # nobody listens there
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": ray_tmp}
         code = ("import ray; from engine.runtime import EngineConfig, start_ray; start_ray(EngineConfig()); "
                 "print(ray.cluster_resources()['device']); ray.shutdown()")

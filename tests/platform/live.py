@@ -6,15 +6,18 @@ message quotes."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -83,6 +86,29 @@ def celery_worker(env: dict[str, str], log_dir: Path, *, beat: bool = False) -> 
     if beat:
         argv += ["--beat", f"--schedule={log_dir / 'celerybeat-schedule'}"]
     return start(argv, env=env, log=log_dir / "worker.log")
+
+
+@contextlib.contextmanager
+def ray_cluster(env: dict[str, str], log_dir: Path, *, devices: int = 2) -> Iterator[str]:
+    """A Ray head node (``ray start --head --block``) in a session of its own, as a production
+    deployment runs one; yields its address. Its files go to a temp dir of its own (short: Ray's
+    socket paths must fit in 107 bytes), so the "last cluster" address ``ray start`` records is not
+    left in /tmp/ray for every later ``ray.init()``; stopping it stops its daemons and workers,
+    and no other Ray on the machine (``ray stop`` would stop them all)."""
+    port = free_port()
+    ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"} | {"RAY_AUTH_MODE": "disabled"}
+    with (log_dir / "ray-head.log").open("w") as out:
+        head = Process([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
+                        f"--temp-dir={ray_tmp}", "--num-cpus=2", f'--resources={{"device": {devices}}}',
+                        "--include-dashboard=false", "--disable-usage-stats"],
+                       env=env, start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
+    head.log = log_dir / "ray-head.log"
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        head.stop(timeout=60)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -84,3 +84,15 @@ def test_plexrl_up_runs_a_job_end_to_end_and_stops_cleanly_on_ctrl_c(engine_home
     assert code == 0, proc.tail()
     assert "PlexRL: stopped." in proc.log.read_text()
     assert not live.leftovers(env), "processes left running after Ctrl-C"
+
+    # a second run reuses the data directory: the same database, the job and its metrics still there
+    again = live.start([sys.executable, "-m", "plexrl", "up", "--port", str(port), "--no-browser"], env=env,
+                       log=tmp_path / "up-again.log")
+    try:
+        live.wait_until(lambda: _healthy(url), 180, "plexrl up did not serve again", [again])
+        assert client.job(job["id"])["state"] == "succeeded"
+        assert len(client.metrics(job["id"])) == SPEC["steps"]
+    finally:
+        again.send_signal(signal.SIGINT)
+        assert again.wait(timeout=90) == 0, again.tail()
+    assert not live.leftovers(env), "processes left running after the second Ctrl-C"
