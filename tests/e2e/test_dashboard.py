@@ -120,6 +120,7 @@ def test_sign_in_submit_watch_pause_resume_cluster_cancel_and_download(page, liv
     # --- the cluster's device timeline shows the job's calls -------------------------------------
     page.get_by_role("link", name="Cluster", exact=True).click()
     page.get_by_label("Window", exact=True).select_option("120")
+    expect(page.locator("#timeline")).to_have_attribute("data-window", "120")
     expect(page.locator(f'#timeline [data-job="{job.pk}"]').first).to_be_visible(timeout=30_000)
     expect(page.locator('#timeline [data-job="other"]').first).to_be_visible(timeout=30_000)
     expect(page.locator("#timeline-legend")).to_contain_text("other organization")

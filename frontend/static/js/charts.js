@@ -3,13 +3,22 @@ import uPlot from "../vendor/uplot/uPlot.esm.js";
 
 const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce"];
 
+/** A y range from 0 (or the minimum, when negative) to the maximum; a flat series (a loss or a
+ * KL that stays 0) gets a small span instead of uPlot's default 0..100. */
+function spanAroundZero(u, min, max) {
+  const lo = Math.min(0, min ?? 0);
+  const hi = Math.max(0, max ?? 0);
+  return hi > lo ? [lo, hi] : [lo, lo + 1];
+}
+
 /**
  * A chart of metrics by step, drawn into `figure` (a <figure> whose <figcaption> stays on top).
  * `series`: [{key: "reward_mean", label: "reward"}, ...]. add(step, data) puts a step's values in
  * (a step seen again replaces the old values); the figure's data-points says how many steps it holds.
+ * `fraction`: the values are fractions (rewards, accuracies), drawn on 0..1 whatever they are.
  */
 export class StepChart {
-  constructor(figure, series, { height = 180 } = {}) {
+  constructor(figure, series, { height = 180, fraction = false } = {}) {
     this.figure = figure;
     this.series = series;
     this.rows = new Map(); // step -> data
@@ -19,7 +28,7 @@ export class StepChart {
       {
         width,
         height,
-        scales: { x: { time: false } },
+        scales: { x: { time: false }, y: { range: fraction ? [0, 1] : spanAroundZero } },
         legend: { live: true },
         axes: [{ label: "step" }, { size: 56 }],
         series: [

@@ -56,6 +56,7 @@ function draw() {
   for (const interval of intervals.values()) wpgs.add(String(interval.wpg));
   const rows = [...wpgs].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
   timeline.dataset.intervals = String(intervals.size);
+  timeline.dataset.window = String(WINDOW);
   timeline.dataset.wpgs = String(rows.length);
   if (!rows.length) {
     timeline.replaceChildren(el("p", { class: "muted", id: "timeline-empty" }, "No device use in the window."));

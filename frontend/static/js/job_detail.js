@@ -24,8 +24,9 @@ const charts = [
   new StepChart(document.getElementById("chart-reward"), [
     { key: "reward_mean", label: "reward" },
     { key: "train_accuracy", label: "train accuracy" },
-  ]),
-  new StepChart(document.getElementById("chart-eval"), [{ key: "eval_accuracy", label: "eval accuracy" }]),
+  ], { fraction: true }),
+  new StepChart(document.getElementById("chart-eval"), [{ key: "eval_accuracy", label: "eval accuracy" }],
+    { fraction: true }),
   new StepChart(document.getElementById("chart-loss"), [{ key: "loss", label: "loss" }]),
   new StepChart(document.getElementById("chart-kl"), [{ key: "kl", label: "KL" }]),
 ];
