@@ -107,8 +107,10 @@ def test_sign_in_submit_watch_pause_resume_cluster_cancel_and_download(page, liv
     live_platform.wait_until(
         lambda: JobEvent.objects.filter(job=job, kind="state", data__state="paused").exists(), 60,
         "the engine did not report the job paused")
-    time.sleep(4)  # the call that was running when it paused may still end its step
-    held = _rows(page)
+    # the call that was running when it paused may still end its step: wait until the table settles
+    held, deadline = _rows(page), time.monotonic() + 60
+    while time.sleep(3) is None and _rows(page) != held and time.monotonic() < deadline:
+        held = _rows(page)
     time.sleep(6)
     assert _rows(page) == held, "steps arrived while the job was paused"
     assert Job.objects.get(pk=job.pk).state == JobState.PAUSED
@@ -119,6 +121,7 @@ def test_sign_in_submit_watch_pause_resume_cluster_cancel_and_download(page, liv
 
     # --- the cluster's device timeline shows the job's calls -------------------------------------
     page.get_by_role("link", name="Cluster", exact=True).click()
+    expect(page.locator("#timeline")).to_have_attribute("data-window", "600")  # drawn: the module runs
     page.get_by_label("Window", exact=True).select_option("120")
     expect(page.locator("#timeline")).to_have_attribute("data-window", "120")
     expect(page.locator(f'#timeline [data-job="{job.pk}"]').first).to_be_visible(timeout=30_000)

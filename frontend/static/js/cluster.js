@@ -7,7 +7,9 @@ import { el, percent, showMessage } from "./dom.js";
 import { live, showStatus } from "./live.js";
 
 const page = pageData();
-let WINDOW = page.window || 600; // seconds shown; the page's window select changes it
+const windowSelect = document.getElementById("window-select");
+// Seconds shown: the window select's (a choice made before this module ran counts too).
+let WINDOW = Number(windowSelect.value) || page.window || 600;
 const SVG = "http://www.w3.org/2000/svg";
 const PALETTE = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce", "#b45309", "#0e7490", "#be185d", "#4d7c0f"];
 const OTHER = "#9ca3af";
@@ -152,7 +154,7 @@ async function refresh() {
   }
 }
 
-document.getElementById("window-select").addEventListener("change", (event) => {
+windowSelect.addEventListener("change", (event) => {
   WINDOW = Number(event.target.value);
   const url = new URL(window.location.href);
   url.searchParams.set("window", String(WINDOW));
