@@ -103,11 +103,9 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     if organization is None:
         return _page(request, "pages/job_detail.html", title="Job", module="job_detail.js")
     job = job_selectors.job_get(organization=organization, pk=job_id)  # tenant-scoped: 404 otherwise
-    # members act on their own jobs, admins and owners on anyone's (as the API decides)
-    may_act = membership.has_role(Role.ADMIN) or (
-        membership.has_role(Role.MEMBER) and job.created_by_id == request.user.pk)
     return _page(request, "pages/job_detail.html", title=job.name or f"Job {job.pk}", module="job_detail.js",
-                 job=job.pk, job_name=job.name, job_state=job.state, may_act=may_act,
+                 job=job.pk, job_name=job.name, job_state=job.state,
+                 may_act=job_selectors.may_act_on(membership=membership, job=job),
                  ws_path=f"/ws/jobs/{job.pk}/")
 
 

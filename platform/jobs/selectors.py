@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.shortcuts import get_object_or_404
 
-from accounts.models import Organization
+from accounts.models import Membership, Organization, Role
 from jobs.models import ACTIVE_STATES, Job, JobEvent, JobMetric
 
 
@@ -49,3 +49,12 @@ def events_of(*, job: Job, after_seq: int = 0, kind: str | None = None) -> Query
     if kind:
         events = events.filter(kind=kind)
     return events.order_by("seq")
+
+
+def may_act_on(*, membership: Membership | None, job: Job) -> bool:
+    """Whether the member may cancel, pause or resume the job: members act on their own jobs,
+    admins and owners on anyone's (the API's rule; the job page shows its buttons by it)."""
+    if membership is None:
+        return False
+    return membership.has_role(Role.ADMIN) or (membership.has_role(Role.MEMBER)
+                                               and job.created_by_id == membership.user_id)

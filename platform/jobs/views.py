@@ -112,8 +112,8 @@ class JobView(OrgGenericAPIView):
     def get_acted_on(self) -> Job:
         """The job, for an action: members act on their own jobs, admins and owners on anyone's."""
         job = self.get_object()
-        if job.created_by_id != self.request.user.pk:
-            require_role(self.request, Role.ADMIN)
+        if not selectors.may_act_on(membership=self.request.membership, job=job):
+            require_role(self.request, Role.ADMIN)  # a 403 saying which role it takes
         return job
 
     def act(self, service, body: type[serializers.Serializer] = EmptySerializer) -> Response:
