@@ -214,31 +214,22 @@ def cmd_engine_service(args: argparse.Namespace) -> int:
     outlives the command, and the platform's Celery workers reach it with the same RAY_ADDRESS."""
     import os
 
-    import ray
-
-    from engine.paths import plexrl_home
-    from engine.service import SERVICE_NAME, EngineClient
+    from engine.service import EngineClient, UnknownService
 
     address = args.address or os.environ.get("RAY_ADDRESS")
     if not address:
         raise CliError("address: the engine service lives on a Ray cluster: start one with `ray start --head` "
                        "and pass --address or set RAY_ADDRESS (plexrl up runs a local engine of its own)")
-    if args.engine_command == "start":
-        client = EngineClient(address=address, data_dir=plexrl_home())
-        print(json.dumps(client.cluster_snapshot(), indent=2, default=str))
-        return 0
-    ray.init(address=address, namespace="plexrl", log_to_driver=False)
     try:
-        actor = ray.get_actor(SERVICE_NAME, namespace="plexrl")
-    except ValueError:
-        print(f"plexrl: no engine service runs on the cluster at {address}", file=sys.stderr)
+        client = EngineClient(address=address, create=args.engine_command == "start", timeout_s=300)
+    except UnknownService as exc:
+        print(f"plexrl: {exc}", file=sys.stderr)
         return 1
-    if args.engine_command == "status":
-        print(json.dumps(ray.get(actor.cluster_snapshot.remote(), timeout=60), indent=2, default=str))
-        return 0
-    ray.get(actor.shutdown.remote(), timeout=300)
-    ray.kill(actor)
-    print("engine service stopped")
+    if args.engine_command == "stop":
+        client.shutdown()
+        print("engine service stopped")
+    else:
+        print(json.dumps(client.cluster_snapshot(), indent=2, default=str))
     return 0
 
 

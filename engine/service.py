@@ -40,6 +40,10 @@ TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 MAX_EVENTS = 10_000  # per events() call
 
 
+class UnknownService(LookupError):
+    """The Ray cluster runs no engine service (``plexrl engine start`` starts one)."""
+
+
 class UnknownJob(KeyError):
     """No job with that id was ever submitted to this engine."""
 
@@ -238,7 +242,10 @@ class EngineClient:
     """The platform's handle on the engine; every method is one short remote call."""
 
     def __init__(self, *, address: str | None = None, data_dir: Path | None = None,
-                 config: ServiceConfig | None = None, timeout_s: float = 120.0):
+                 config: ServiceConfig | None = None, timeout_s: float = 120.0, create: bool = True):
+        """Join ``address`` (or RAY_ADDRESS; without either, start a local Ray) and the engine
+        service there, starting it if ``create``; with ``create=False`` a cluster without the
+        service raises ``UnknownService``."""
         from engine.runtime import EngineConfig, start_ray
 
         address = address or os.environ.get("RAY_ADDRESS") or None
@@ -249,6 +256,12 @@ class EngineClient:
                 start_ray(EngineConfig())
         self.data_dir = Path(data_dir) if data_dir else plexrl_home()
         self.timeout_s = timeout_s
+        if not create:
+            try:
+                self.actor = ray.get_actor(SERVICE_NAME, namespace="plexrl")
+            except ValueError:
+                raise UnknownService(f"no engine service runs on the cluster at {address}") from None
+            return
         self.actor = EngineService.options(name=SERVICE_NAME, lifetime="detached", get_if_exists=True).remote(
             str(self.data_dir), asdict(config or ServiceConfig()))
 
