@@ -109,7 +109,10 @@ def test_sign_in_submit_watch_pause_resume_cluster_cancel_and_download(page, liv
         "the engine did not report the job paused")
     # the call that was running when it paused may still end its step: wait until the table settles
     held, deadline = _rows(page), time.monotonic() + 60
-    while time.sleep(3) is None and _rows(page) != held and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        time.sleep(3)
+        if _rows(page) == held:
+            break
         held = _rows(page)
     time.sleep(6)
     assert _rows(page) == held, "steps arrived while the job was paused"

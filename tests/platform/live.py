@@ -123,13 +123,14 @@ def asgi_server(env: dict[str, str], log_dir: Path, timeout: float = 60) -> tupl
     proc = start([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"],
                  env=env, log=log_dir / "daphne.log")
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _answers(f"{url}/healthz"), timeout, f"daphne did not answer on {url}", [proc])
+    wait_until(lambda: healthy(url), timeout, f"daphne did not answer on {url}", [proc])
     return proc, url
 
 
-def _answers(url: str) -> bool:
+def healthy(url: str) -> bool:
+    """Whether the platform at ``url`` answers its liveness check (``/healthz``)."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (an http URL built above)
+        with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:  # noqa: S310 (an http URL built above)
             return response.status == 200
     except OSError:
         return False

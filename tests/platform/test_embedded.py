@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.request
 
 import pytest
 
@@ -19,14 +18,6 @@ from tests.platform import live
 SPEC = {"task": "arith", "model": "tiny-arith", "steps": 3, "seed": 2, "rollout": "torch", "trainer": "torch",
         "grpo": {"prompts_per_step": 4, "samples_per_prompt": 4, "updates_per_step": 1, "eval_every": 3,
                  "eval_size": 10, "max_tokens": 6}}
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:  # noqa: S310 (http, built here)
-            return response.status == 200
-    except OSError:
-        return False
 
 
 @pytest.mark.slow
@@ -47,7 +38,7 @@ def test_plexrl_up_runs_a_job_end_to_end_and_stops_cleanly_on_ctrl_c(engine_home
     proc = live.start([sys.executable, "-m", "plexrl", "up", "--port", str(port), "--no-browser"], env=env,
                       log=tmp_path / "up.log")
     try:
-        live.wait_until(lambda: _healthy(url), 180, "plexrl up did not serve", [proc])
+        live.wait_until(lambda: live.healthy(url), 180, "plexrl up did not serve", [proc])
 
         def manage(*args: str) -> str:
             done = subprocess.run([sys.executable, str(live.REPO / "manage.py"), *args], env=env, capture_output=True,
@@ -89,7 +80,7 @@ def test_plexrl_up_runs_a_job_end_to_end_and_stops_cleanly_on_ctrl_c(engine_home
     again = live.start([sys.executable, "-m", "plexrl", "up", "--port", str(port), "--no-browser"], env=env,
                        log=tmp_path / "up-again.log")
     try:
-        live.wait_until(lambda: _healthy(url), 180, "plexrl up did not serve again", [again])
+        live.wait_until(lambda: live.healthy(url), 180, "plexrl up did not serve again", [again])
         assert client.job(job["id"])["state"] == "succeeded"
         assert len(client.metrics(job["id"])) == SPEC["steps"]
     finally:
