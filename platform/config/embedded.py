@@ -126,12 +126,11 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def missing_presets() -> list[str]:
-    """The built-in model presets not built under ``PLEXRL_HOME/models`` yet."""
-    from engine.models import PRESETS
-    from engine.paths import models_dir
+def missing_presets(names=None) -> list[str]:
+    """The built-in model presets (or those of ``names``) not built under ``PLEXRL_HOME`` yet."""
+    from engine.models import PRESETS, is_model_dir, preset_dir
 
-    return [name for name in PRESETS if not (models_dir() / name / "config.json").exists()]
+    return [name for name in sorted(names or PRESETS) if not is_model_dir(preset_dir(name))]
 
 
 def up(*, host: str, port: int, open_browser: bool) -> int:
@@ -244,14 +243,12 @@ def submit_demo_jobs() -> list[int]:
 
 def build_missing_presets(names: set[str]) -> None:
     """Build the model presets the demo needs that ``PLEXRL_HOME`` lacks (once; a few minutes)."""
-    from engine.models import PRESETS, is_model_dir, preset_dir
+    from engine.models import PRESETS, preset_dir
     from engine.models.tiny import build_preset
 
-    for name in sorted(names):
-        path = preset_dir(name)
-        if not is_model_dir(path):
-            print(f"PlexRL: building model preset {name!r} (first run only)…", flush=True)
-            build_preset(PRESETS[name], path, progress=True)
+    for name in missing_presets(names):
+        print(f"PlexRL: building model preset {name!r} (first run only)…", flush=True)
+        build_preset(PRESETS[name], preset_dir(name), progress=True)
 
 
 class DemoProgress(threading.Thread):
