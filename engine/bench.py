@@ -190,16 +190,15 @@ def bench_backends(*, model: str, prompts: int, samples: int, max_tokens: int, t
     """
     import ray
     from tqdm import tqdm
-    from transformers import AutoTokenizer
 
     from engine.api import OptimizerConfig, Request, SamplingParams
-    from engine.models import resolve_model
+    from engine.models import load_tokenizer, resolve_model
     from engine.rl.tasks import sample_problems
     from engine.router import Router
     from engine.runtime import EngineConfig, LocalEngine
 
     model_dir = resolve_model(model)
-    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok = load_tokenizer(model_dir)
     problems = sample_problems(np.random.default_rng(0), prompts)
     prompt_ids = [tok.encode(p.prompt) for p in problems]
     sampling = SamplingParams(n=samples, temperature=1.0, max_tokens=max_tokens, seed=0)

@@ -27,7 +27,7 @@ from engine.api import (
 )
 from engine.errors import SpecError
 from engine.eventlog import EventLog
-from engine.models import resolve_model
+from engine.models import load_tokenizer, resolve_model
 from engine.router import Future, Router, UsageSink
 
 __all__ = [
@@ -46,9 +46,7 @@ __all__ = [
 
 @lru_cache(maxsize=16)
 def _load_tokenizer(model_dir: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
+    return load_tokenizer(model_dir)
 
 
 class ModelHandle:

@@ -171,10 +171,12 @@ class MegatronBackend(TrainingBackend):
             raise ValueError(f"a Megatron group trains; it cannot be the {side} side of {deployment}")
         from megatron.core.models.gpt import GPTModel
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-        from transformers import AutoConfig, AutoTokenizer
+        from transformers import AutoConfig
+
+        from engine.models import load_tokenizer
 
         hf_config = AutoConfig.from_pretrained(model_dir)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = load_tokenizer(model_dir)
         hf_tensors = read_safetensors(model_dir)
         if hf_config.tie_word_embeddings:
             hf_tensors.pop("lm_head.weight", None)

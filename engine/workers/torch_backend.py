@@ -63,11 +63,13 @@ class TorchBackend(TrainingBackend):
         """``side`` "rollout": the sampling side of a deployment trained on another group; its
         weights are a state of their own (``job/role@rollout``), never the trainer's ``job/role``
         (two groups holding one deployment must not write each other's state)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+
+        from engine.models import load_tokenizer
 
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         model.eval()
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer = load_tokenizer(model_dir)
         if trainable:
             cfg = optimizer or OptimizerConfig()
             opt = torch.optim.AdamW(

@@ -307,9 +307,9 @@ class VllmBackend(Backend):
             fork_base(self.state_client, base, state_id(deployment, "rollout"))
             weights, metas = None, {name: meta for (name, _), meta in stored.items()}
         if model_dir not in self._tokenizers:
-            from transformers import AutoTokenizer
+            from engine.models import load_tokenizer
 
-            self._tokenizers[model_dir] = AutoTokenizer.from_pretrained(model_dir)
+            self._tokenizers[model_dir] = load_tokenizer(model_dir)
         first = self.llm is None
         if first:
             self._start_engine(model_dir)

@@ -45,3 +45,27 @@ def test_tools_preset_learns_only_what_the_model_writes():
     learned = [tok.decode(row[row != -100].tolist()) for row in labels]
     assert texts == ["37+45-12=[37+45-12]70<eos>", "3-5=-2<eos>"]
     assert learned == ["[37+45-12]<eos>", "-2<eos>"]
+
+
+def test_a_saved_tokenizer_loads_as_it_was_saved(tmp_path):
+    """A Qwen2 config makes ``AutoTokenizer`` pick transformers' Qwen2 tokenizer, which rebuilds its
+    own pre-tokenizer (one digit per token). ``load_tokenizer`` must return the saved pipeline: here
+    one that keeps whole numbers, which the Qwen2 class would split into digits."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config
+
+    from engine.models import load_tokenizer
+
+    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\d+|."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.train_from_iterator(["37+45=82"], trainer=trainers.WordLevelTrainer(special_tokens=["<pad>", "<eos>", "<unk>"]))
+    saved = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+                                    padding_side="left")
+    saved.save_pretrained(tmp_path)
+    Qwen2Config(vocab_size=16, hidden_size=32, num_attention_heads=1, num_key_value_heads=1).save_pretrained(tmp_path)
+
+    loaded = load_tokenizer(tmp_path)
+    assert loaded.convert_ids_to_tokens(loaded.encode("37+45=82")) == ["37", "+", "45", "=", "82"]
+    assert loaded.encode("37+45=82") == saved.encode("37+45=82")
+    assert loaded.eos_token == "<eos>" and loaded.padding_side == "left"
