@@ -6,7 +6,8 @@ every rank (a Ray actor) joins the group's ``torch.distributed`` world (gloo on 
 once, and every deployment resident in the group is split the same way. Every rank receives every
 call (SPMD) in the same order. Log-probs, losses and the optimizer step mean exactly what they mean
 in the torch backend: per-token log-probs come from ``sampling.sequence_logprobs`` (called on a
-view of the GPTModel), losses from ``engine.losses``, the learning rate from ``OptimizerConfig``.
+view of the GPTModel; the torch backend computes the same values with each distinct prompt once,
+``sampling.shared_prompt_logprobs``), losses from ``engine.losses``, the learning rate from ``OptimizerConfig``.
 
 This backend trains; it neither generates nor syncs. A rollout worker group pulls the trainer's
 weights through ``export_weights`` as Hugging Face-named shards (see ``layout``).

@@ -40,7 +40,8 @@ def sample(
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Sample ``n`` completions per prompt (greedy when ``temperature == 0``), prompt-major.
 
-    Each prompt is prefilled once and its KV cache repeated ``n`` times. Returns token ids (ending
+    Each prompt is prefilled once and its KV cache repeated ``n`` times; a row that stops leaves the
+    batch (and the cache), so decoding costs what the live rows need. Returns token ids (ending
     in EOS or one of ``stop_ids`` unless ``max_tokens`` was reached) and each token's log-prob. The
     model may sit on any device; tokens are drawn on the CPU (with ``generator``), so a seed means
     the same everywhere.
@@ -59,29 +60,35 @@ def sample(
         mask = mask.repeat_interleave(n, dim=0)
         next_pos = next_pos.repeat_interleave(n, dim=0)
     batch = logits.shape[0]
-    done = torch.zeros(batch, dtype=torch.bool)
     tokens = torch.full((batch, max_tokens), pad_id, dtype=torch.long)
     logps = torch.zeros((batch, max_tokens), dtype=torch.float32)
     lengths = torch.zeros(batch, dtype=torch.long)
+    live = torch.arange(batch)  # the rows still decoding; the model's batch holds only these
     for t in range(max_tokens):
         logits = logits.float().cpu()
         logp = torch.log_softmax(logits, dim=-1)
         if temperature == 0:
             tok = logits.argmax(dim=-1)
         else:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        live = ~done
-        tokens[live, t] = tok[live]
-        logps[live, t] = logp[live].gather(-1, tok[live, None]).squeeze(-1)
-        lengths += live.long()
-        done = done | torch.isin(tok, stops)
-        if bool(done.all()) or t == max_tokens - 1:
+            # one draw for every row of the batch, finished ones too (a dummy distribution), so a
+            # row's sample never depends on when the others stopped
+            probs = torch.zeros((batch, logits.shape[-1]))
+            probs[:, 0] = 1.0
+            probs[live] = torch.softmax(logits / temperature, dim=-1)
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)[live]
+        tokens[live, t] = tok
+        logps[live, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
+        lengths[live] += 1
+        going = ~torch.isin(tok, stops)
+        if t == max_tokens - 1 or not bool(going.any()):
             break
-        step_tok = torch.where(done, torch.full_like(tok, pad_id), tok).to(device)
-        mask = torch.cat([mask, live.long().to(device)[:, None]], dim=1)
+        if not bool(going.all()):  # drop finished rows from the batch and the KV cache
+            keep = going.nonzero().squeeze(-1)
+            live, tok, mask, next_pos = live[keep], tok[keep], mask[keep.to(device)], next_pos[keep.to(device)]
+            cache.batch_select_indices(keep.to(device))
+        mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=device)], dim=1)
         out = model(
-            input_ids=step_tok[:, None],
+            input_ids=tok.to(device)[:, None],
             attention_mask=mask,
             position_ids=next_pos,
             past_key_values=cache,
@@ -139,4 +146,63 @@ def sequence_logprobs(
     index = (prompt_lens[:, None] - 1 + cols[None, :]).clamp(max=token_logp.shape[1] - 1)
     mask = cols[None, :] < comp_lens[:, None]
     out = token_logp.gather(1, index) * mask
+    return out, mask
+
+
+def shared_prompt_logprobs(
+    model, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sequence_logprobs`` with each distinct prompt computed once for all its completions.
+
+    GRPO's rows come in groups that share a prompt (``samples_per_prompt`` answers to one problem),
+    and on a small model the prompt is most of every row. Rows with the same prompt are packed into
+    one sequence, ``prompt, completion_1, completion_2, ...``, under a mask that lets each completion
+    see the prompt and its own earlier tokens only, with positions restarting after the prompt for
+    every completion, so each token's log-prob is the one an unpacked row gives (to float rounding).
+    The model must take a 4-D boolean ``attention_mask`` and ``position_ids`` (transformers' causal
+    LMs do). Same return value as ``sequence_logprobs``: ``[B, T]`` log-probs and mask, row order kept.
+    """
+    packs: dict[tuple[int, ...], list[int]] = {}
+    for row, prompt in enumerate(prompts):
+        packs.setdefault(tuple(prompt), []).append(row)
+    t_max = max(len(c) for c in completions)
+    rows = len(prompts)
+    pack_of = torch.zeros((rows, t_max), dtype=torch.long)  # which packed sequence, which position
+    position_of = torch.zeros((rows, t_max), dtype=torch.long)  # predicts completion token j
+    targets = torch.zeros((rows, t_max), dtype=torch.long)
+    seqs, positions, owners = [], [], []
+    for k, (prompt, members) in enumerate(packs.items()):
+        seq, pos, owner = list(prompt), list(range(len(prompt))), [-1] * len(prompt)
+        for row in members:
+            comp = list(completions[row])
+            n = len(comp)
+            start = len(seq)
+            pack_of[row, :n] = k
+            # token 0 is predicted at the prompt's last position, token j at the row's token j - 1
+            position_of[row, :n] = torch.as_tensor([len(prompt) - 1, *range(start, start + n - 1)])
+            targets[row, :n] = torch.as_tensor(comp, dtype=torch.long)
+            seq += comp
+            pos += range(len(prompt), len(prompt) + n)
+            owner += [row] * n
+        seqs.append(seq)
+        positions.append(pos)
+        owners.append(owner)
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    pos_ids = torch.zeros((len(seqs), width), dtype=torch.long)
+    own = torch.full((len(seqs), width), -2, dtype=torch.long)  # -1: prompt, -2: padding
+    for k, (s, p, o) in enumerate(zip(seqs, positions, owners, strict=True)):
+        ids[k, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+        pos_ids[k, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+        own[k, : len(o)] = torch.as_tensor(o, dtype=torch.long)
+    query, key = own[:, :, None], own[:, None, :]
+    causal = torch.ones((width, width), dtype=torch.bool).tril()[None]
+    allowed = causal & ((key == -1) | (key == query)) & (key != -2)
+    allowed |= torch.eye(width, dtype=torch.bool)[None] & (query == -2)  # padding sees itself (no empty row)
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device), attention_mask=allowed[:, None].to(device),
+                   position_ids=pos_ids.to(device)).logits.float().cpu()
+    logp_all = torch.log_softmax(logits, dim=-1)
+    mask = torch.arange(t_max)[None, :] < torch.as_tensor([len(c) for c in completions])[:, None]
+    out = logp_all[pack_of, position_of, targets] * mask
     return out, mask

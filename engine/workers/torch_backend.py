@@ -3,6 +3,8 @@
 Each deployment keeps two copies of its weights: the trainer's (updated by ``optim_step``) and the
 rollout copy that ``generate`` uses; ``sync_weights`` makes the trainer's the rollout's, so a job
 samples from exactly the weights it last synced, as it would with a separate rollout engine.
+Log-probs for ``forward`` and ``forward_backward`` are computed once per distinct prompt of a batch
+(``sampling.shared_prompt_logprobs``): GRPO's rows come in groups that share their prompt.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from engine.workers.backend import Deployment, Residency, state_id
 from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tensors
 from engine.workers.devices import worker_device
 from engine.workers.layout import WHOLE
-from engine.workers.sampling import generate, sequence_logprobs
+from engine.workers.sampling import generate, shared_prompt_logprobs
 from engine.workers.training import TrainingBackend, free_parameters
 
 
@@ -128,7 +130,7 @@ class TorchBackend(TrainingBackend):
         return generate(state.rollout, state.tokenizer, prompts, sampling)
 
     def _logprobs(self, state, batch):
-        return sequence_logprobs(state.model, batch.prompts, batch.completions, state.tokenizer.pad_token_id)
+        return shared_prompt_logprobs(state.model, batch.prompts, batch.completions, state.tokenizer.pad_token_id)
 
     def _sync_weights(self, deployment, state, *, source: list[Any] | None = None):
         """Trainer weights become the rollout's: this rank's own trainer copy, or, when the trainer

@@ -8,7 +8,7 @@ pass, and transformers' own greedy decoding.
 import pytest
 import torch
 
-from engine.workers.sampling import left_pad, sample, sequence_logprobs
+from engine.workers.sampling import left_pad, sample, sequence_logprobs, shared_prompt_logprobs
 
 PAD, EOS = 0, 1
 # Prompts of different lengths, no special tokens inside.
@@ -137,3 +137,28 @@ def test_stop_tokens_end_a_sample_and_change_nothing_before_them(tiny_qwen):
         assert got == free[:end]
         torch.testing.assert_close(torch.tensor(got_lp), torch.tensor(free_lp[:end]), atol=1e-6, rtol=0)
     assert cut > 0, "the stop token should cut some samples short"
+
+
+def test_shared_prompt_forward_equals_one_row_per_completion(tiny_qwen):
+    """Rows sharing a prompt, packed into one sequence under a block mask, give the log-probs and
+    the gradients of the plain right-padded forward pass: rows in any order, prompts repeated a
+    different number of times, completions of different lengths (padding inside and between packs)."""
+    prompts = [p for p in PROMPTS for _ in range(4)]
+    tokens, _ = _sample(tiny_qwen, prompts, temperature=1.0, max_tokens=6)
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(3)).tolist()[:-3]
+    prompts, tokens = [prompts[i] for i in order], [tokens[i] for i in order]
+    assert len(set(map(len, tokens))) > 1, "completions of several lengths"
+
+    def run(fn):
+        tiny_qwen.zero_grad(set_to_none=True)
+        logp, mask = fn(tiny_qwen, prompts, tokens, PAD)
+        (logp * torch.linspace(0.5, 1.5, logp.numel()).view_as(logp)).sum().backward()
+        return logp.detach(), mask, [p.grad.clone() for p in tiny_qwen.parameters()]
+
+    ref, ref_mask, ref_grads = run(sequence_logprobs)
+    got, mask, grads = run(shared_prompt_logprobs)
+    assert torch.equal(mask, ref_mask)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    assert (got[~mask] == 0).all()
+    for g, r in zip(grads, ref_grads, strict=True):  # fp32 sums in another order: relative 1e-5
+        assert float((g - r).norm() / r.norm()) <= 1e-5

@@ -68,4 +68,5 @@ def test_a_saved_tokenizer_loads_as_it_was_saved(tmp_path):
     loaded = load_tokenizer(tmp_path)
     assert loaded.convert_ids_to_tokens(loaded.encode("37+45=82")) == ["37", "+", "45", "=", "82"]
     assert loaded.encode("37+45=82") == saved.encode("37+45=82")
-    assert loaded.eos_token == "<eos>" and loaded.padding_side == "left"
+    assert loaded.eos_token == "<eos>"
+    assert loaded.padding_side == "left"
