@@ -5,9 +5,9 @@ One worker group is one tensor-parallel layout: Megatron's ``parallel_state`` is
 every rank (a Ray actor) joins the group's ``torch.distributed`` world (gloo on CPU, NCCL on GPU)
 once, and every deployment resident in the group is split the same way. Every rank receives every
 call (SPMD) in the same order. Log-probs, losses and the optimizer step mean exactly what they mean
-in the torch backend: per-token log-probs come from ``sampling.sequence_logprobs`` (called on a
-view of the GPTModel; the torch backend computes the same values with each distinct prompt once,
-``sampling.shared_prompt_logprobs``), losses from ``engine.losses``, the learning rate from ``OptimizerConfig``.
+in the torch backend: per-token log-probs come from ``sampling.shared_prompt_logprobs`` (each
+distinct prompt computed once, called on a view of the GPTModel), losses from ``engine.losses``,
+the learning rate from ``OptimizerConfig``.
 
 This backend trains; it neither generates nor syncs. A rollout worker group pulls the trainer's
 weights through ``export_weights`` as Hugging Face-named shards (see ``layout``).
@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime
 import shutil
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -49,7 +50,7 @@ from engine.workers.layout import (
     megatron_partition_dim,
     megatron_to_hf,
 )
-from engine.workers.sampling import sequence_logprobs
+from engine.workers.sampling import shared_prompt_logprobs
 from engine.workers.training import TrainingBackend
 
 RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=5)
@@ -68,11 +69,16 @@ class _State:
 
 
 class _CausalLMView:
-    """A GPTModel called the way ``sequence_logprobs`` calls a transformers causal LM.
+    """A GPTModel called the way ``sequence_logprobs`` and ``shared_prompt_logprobs`` call a
+    transformers causal LM.
 
-    Sequences there are right-padded, so every real token's attention window holds only real
-    tokens: causal attention alone is exact for them (what pads see is never read). Logits are
-    full-vocabulary on every rank (``parallel_output=False``).
+    ``sequence_logprobs`` passes right-padded rows and a 2-D mask: every real token's attention
+    window holds only real tokens, so causal attention alone is exact for them (what pads see is
+    never read). ``shared_prompt_logprobs`` passes packed rows, a 4-D block mask (True: may attend)
+    and explicit positions; GPTModel takes the mask as given but computes rotary embeddings for
+    positions 0..S-1 whatever ``position_ids`` says, so for that call the rotary module returns
+    them at the given positions instead (``_rotary_at``). Logits are full-vocabulary on every rank
+    (``parallel_output=False``).
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -81,17 +87,49 @@ class _CausalLMView:
     def parameters(self):
         return self.model.parameters()
 
-    def __call__(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    def __call__(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 position_ids: torch.Tensor | None = None):
+        device = next(self.model.parameters()).device
+        if attention_mask.dim() == 4:
+            if position_ids is None:
+                raise ValueError("a block attention mask needs position_ids")
+            positions = position_ids.to(device)
+            masked_out = ~attention_mask.bool().to(device)  # Megatron's convention: True is masked
+            with _rotary_at(self.model.rotary_pos_emb, positions):
+                logits = self.model(input_ids.to(device), positions, masked_out)
+            return SimpleNamespace(logits=logits.to(input_ids.device))
         lengths = attention_mask.sum(-1, keepdim=True)
         cols = torch.arange(input_ids.shape[1], device=input_ids.device)
         if not torch.equal(attention_mask.bool(), cols[None, :] < lengths):
             raise ValueError("the Megatron backend expects right-padded sequences")
-        device = next(self.model.parameters()).device
         batch, width = input_ids.shape
         positions = cols.expand(batch, width)
         causal = torch.ones(width, width, dtype=torch.bool, device=device).triu(1)[None, None]  # True: masked out
         logits = self.model(input_ids.to(device), positions.to(device), causal.to(device))  # [B, S, V]
         return SimpleNamespace(logits=logits.to(input_ids.device))
+
+
+@contextmanager
+def _rotary_at(rotary: torch.nn.Module, positions: torch.Tensor):
+    """While active, ``rotary`` (a Megatron ``RotaryEmbedding``) returns the embeddings of
+    ``positions`` ``[B, S]``, shaped ``[S, B, 1, dim]`` (broadcast over heads as its own
+    ``[S, 1, 1, dim]`` is), instead of those of positions 0..S-1: the same angles, per row."""
+    if rotary.rotary_interleaved:
+        raise NotImplementedError("explicit positions with interleaved rotary embeddings")
+    factor = rotary.seq_len_interpolation_factor
+
+    def at_positions(*_args, **_kwargs):
+        seq = positions.to(rotary.inv_freq.dtype)
+        if factor is not None:
+            seq = seq * (1 / factor)
+        freqs = seq[..., None] * rotary.inv_freq  # [B, S, dim / 2]
+        return torch.cat((freqs, freqs), dim=-1).transpose(0, 1)[:, :, None, :]
+
+    rotary.forward = at_positions  # an instance attribute: Module.__call__ runs it
+    try:
+        yield
+    finally:
+        del rotary.forward
 
 
 def _init_parallel(rank: int, world_size: int, dist_url: str | None) -> torch.device:
@@ -259,7 +297,7 @@ class MegatronBackend(TrainingBackend):
 
     # -- API functions -----------------------------------------------------------------------
     def _logprobs(self, state: _State, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        return sequence_logprobs(_CausalLMView(state.model), batch.prompts, batch.completions, state.pad_id)
+        return shared_prompt_logprobs(_CausalLMView(state.model), batch.prompts, batch.completions, state.pad_id)
 
     def _grad_norm(self, params):
         return _global_grad_norm(params, self.device)

@@ -139,6 +139,24 @@ def test_forward_logprobs_match_transformers(groups, batch, model_dir, untied_di
             drop(group, deployment)
 
 
+def test_rows_sharing_prompts_give_transformers_logprobs(groups, model_dir):
+    """GRPO's batches repeat each prompt for its group's completions; the backend computes each
+    prompt once (a packed row under a block mask, rotary embeddings at explicit positions). Its
+    log-probs must still be transformers' on plain rows, at TP=1 and TP=2."""
+    prompts = [PROMPTS[i % 3] for i in (0, 1, 2, 0, 1, 0, 2, 0)]
+    completions = [[20 + i, 30 + (i * 7) % 20, EOS][: 1 + i % 3] for i in range(len(prompts))]
+    with torch.no_grad():
+        expected, mask = sequence_logprobs(hf_model(model_dir), prompts, completions, PAD)
+    shared = Batch(prompts=prompts, completions=completions)
+    for tp, group in groups.items():
+        deployment = (f"shared-tp{tp}", "reference")
+        create(group, deployment, model_dir, trainable=False)
+        for result in call_all(group, deployment, "forward", batch=shared):
+            assert torch.equal(result.mask, mask)
+            assert (result.logprobs - expected).abs().max() <= 1e-4
+        drop(group, deployment)
+
+
 def test_tp2_loss_and_gradients_equal_tp1(groups, batch, model_dir):
     losses, grad = {}, {}
     for tp, group in groups.items():
