@@ -81,11 +81,14 @@ class HostMaps:
                 found = self._maps.pop(key, None)
                 if found is not None:
                     self._maps[key] = found  # most recently used last
-                    return _as_tensor(found[1], meta)
-            mm = _mmap(fd, n, write)
+            if found is None:
+                mm = _mmap(fd, n, write)
         except BaseException:
             os.close(fd)
             raise
+        if found is not None:
+            os.close(fd)  # the kept mapping holds its own descriptor: this one was only for the inode
+            return _as_tensor(found[1], meta)
         with self._lock:
             self._maps[key] = (fd, mm)
             self._bytes += n

@@ -293,3 +293,22 @@ def test_a_rank_keeps_mappings_of_reused_files_and_drops_deleted_ones(tmp_path):
     store.close()  # the files are deleted: a sweep lets go of their mappings
     client.maps.sweep()
     assert not client.maps._maps
+
+
+def test_reading_a_kept_mapping_again_opens_no_descriptor(tmp_path):
+    """A rank reads the same host files at every swap-in. The first read maps a file and keeps the
+    mapping (with its descriptor); later reads find it by inode and must not leave the descriptor
+    they opened to look the inode up: a leak of one per read ran a demo worker out of descriptors."""
+    from engine.state.client import HostMaps
+
+    meta = TensorMeta("float32", (256, 64))  # 64 KiB: large enough to be kept
+    path = tmp_path / "blob"
+    torch.arange(256 * 64, dtype=torch.float32).numpy().tofile(path)
+    maps = HostMaps()
+    first = maps.tensor(str(path), meta)
+    held = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        again = maps.tensor(str(path), meta)
+        assert torch.equal(again, first)
+    assert len(os.listdir("/proc/self/fd")) == held
+    maps.clear()
