@@ -69,16 +69,11 @@ class _State:
 
 
 class _CausalLMView:
-    """A GPTModel called the way ``sequence_logprobs`` and ``shared_prompt_logprobs`` call a
-    transformers causal LM.
-
-    ``sequence_logprobs`` passes right-padded rows and a 2-D mask: every real token's attention
-    window holds only real tokens, so causal attention alone is exact for them (what pads see is
-    never read). ``shared_prompt_logprobs`` passes packed rows, a 4-D block mask (True: may attend)
-    and explicit positions; GPTModel takes the mask as given but computes rotary embeddings for
-    positions 0..S-1 whatever ``position_ids`` says, so for that call the rotary module returns
-    them at the given positions instead (``_rotary_at``). Logits are full-vocabulary on every rank
-    (``parallel_output=False``).
+    """A GPTModel called the way ``shared_prompt_logprobs`` calls a transformers causal LM: packed
+    rows, a 4-D block mask (True: may attend) and explicit positions. GPTModel takes the mask as
+    given but computes rotary embeddings for positions 0..S-1 whatever ``position_ids`` says, so
+    for the call the rotary module returns them at the given positions instead (``_rotary_at``).
+    Logits are full-vocabulary on every rank (``parallel_output=False``).
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -87,25 +82,14 @@ class _CausalLMView:
     def parameters(self):
         return self.model.parameters()
 
-    def __call__(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 position_ids: torch.Tensor | None = None):
+    def __call__(self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor):
+        if attention_mask.dim() != 4:
+            raise ValueError("the Megatron backend expects a 4-D block attention mask with position_ids")
         device = next(self.model.parameters()).device
-        if attention_mask.dim() == 4:
-            if position_ids is None:
-                raise ValueError("a block attention mask needs position_ids")
-            positions = position_ids.to(device)
-            masked_out = ~attention_mask.bool().to(device)  # Megatron's convention: True is masked
-            with _rotary_at(self.model.rotary_pos_emb, positions):
-                logits = self.model(input_ids.to(device), positions, masked_out)
-            return SimpleNamespace(logits=logits.to(input_ids.device))
-        lengths = attention_mask.sum(-1, keepdim=True)
-        cols = torch.arange(input_ids.shape[1], device=input_ids.device)
-        if not torch.equal(attention_mask.bool(), cols[None, :] < lengths):
-            raise ValueError("the Megatron backend expects right-padded sequences")
-        batch, width = input_ids.shape
-        positions = cols.expand(batch, width)
-        causal = torch.ones(width, width, dtype=torch.bool, device=device).triu(1)[None, None]  # True: masked out
-        logits = self.model(input_ids.to(device), positions.to(device), causal.to(device))  # [B, S, V]
+        positions = position_ids.to(device)
+        masked_out = ~attention_mask.bool().to(device)  # Megatron's convention: True is masked
+        with _rotary_at(self.model.rotary_pos_emb, positions):
+            logits = self.model(input_ids.to(device), positions, masked_out)  # [B, S, V]
         return SimpleNamespace(logits=logits.to(input_ids.device))
 
 
