@@ -192,10 +192,11 @@ def bench_backends(*, model: str, prompts: int, samples: int, max_tokens: int, t
     from tqdm import tqdm
 
     from engine.api import OptimizerConfig, Request, SamplingParams
-    from engine.models import load_tokenizer, resolve_model
+    from engine.models import resolve_model
     from engine.rl.tasks import sample_problems
     from engine.router import Router
     from engine.runtime import EngineConfig, LocalEngine
+    from engine.tokenizer import load_tokenizer
 
     model_dir = resolve_model(model)
     tok = load_tokenizer(model_dir)

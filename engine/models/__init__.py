@@ -20,22 +20,6 @@ def is_model_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
 
-def load_tokenizer(model_dir):
-    """The tokenizer saved with a model, exactly as saved.
-
-    ``AutoTokenizer`` picks the class of the config's model type, and transformers' Qwen2 tokenizer
-    rebuilds its own pre-tokenizer (one digit per token), so a locally trained tokenizer whose
-    ``tokenizer.json`` keeps whole numbers would be loaded as a different tokenizer than the one
-    its model was trained with. A folder with a ``tokenizer.json`` is loaded from that file, the
-    whole pipeline as written; other folders go through ``AutoTokenizer``.
-    """
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    if (Path(model_dir) / "tokenizer.json").is_file():
-        return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
-    return AutoTokenizer.from_pretrained(str(model_dir))
-
-
 def resolve_model(name_or_path: str, *, build_missing: bool = True, progress: bool = False) -> Path:
     """A preset name (built into ``PLEXRL_HOME/models`` on first use) or a local HF model folder."""
     if name_or_path in PRESETS:

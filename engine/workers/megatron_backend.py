@@ -103,10 +103,11 @@ def _rotary_at(rotary: torch.nn.Module, positions: torch.Tensor):
     factor = rotary.seq_len_interpolation_factor
 
     def at_positions(*_args, **_kwargs):
-        seq = positions.to(rotary.inv_freq.dtype)
+        inv_freq = rotary.inv_freq.to(positions.device)  # kept on the CPU when built there
+        seq = positions.to(inv_freq.dtype)
         if factor is not None:
             seq = seq * (1 / factor)
-        freqs = seq[..., None] * rotary.inv_freq  # [B, S, dim / 2]
+        freqs = seq[..., None] * inv_freq  # [B, S, dim / 2]
         return torch.cat((freqs, freqs), dim=-1).transpose(0, 1)[:, :, None, :]
 
     rotary.forward = at_positions  # an instance attribute: Module.__call__ runs it
@@ -196,7 +197,7 @@ class MegatronBackend(TrainingBackend):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from transformers import AutoConfig
 
-        from engine.models import load_tokenizer
+        from engine.tokenizer import load_tokenizer
 
         hf_config = AutoConfig.from_pretrained(model_dir)
         tokenizer = load_tokenizer(model_dir)

@@ -67,7 +67,7 @@ class TorchBackend(TrainingBackend):
         (two groups holding one deployment must not write each other's state)."""
         from transformers import AutoModelForCausalLM
 
-        from engine.models import load_tokenizer
+        from engine.tokenizer import load_tokenizer
 
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         model.eval()

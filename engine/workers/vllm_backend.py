@@ -307,7 +307,7 @@ class VllmBackend(Backend):
             fork_base(self.state_client, base, state_id(deployment, "rollout"))
             weights, metas = None, {name: meta for (name, _), meta in stored.items()}
         if model_dir not in self._tokenizers:
-            from engine.models import load_tokenizer
+            from engine.tokenizer import load_tokenizer
 
             self._tokenizers[model_dir] = load_tokenizer(model_dir)
         first = self.llm is None

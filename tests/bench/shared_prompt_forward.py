@@ -29,8 +29,9 @@ def main() -> int:
 
     from transformers import AutoModelForCausalLM
 
-    from engine.models import load_tokenizer, resolve_model
+    from engine.models import resolve_model
     from engine.rl.tasks import sample_problems
+    from engine.tokenizer import load_tokenizer
     from engine.workers.sampling import sample, sequence_logprobs, shared_prompt_logprobs
 
     torch.set_num_threads(args.threads)

@@ -54,7 +54,7 @@ def test_a_saved_tokenizer_loads_as_it_was_saved(tmp_path):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config
 
-    from engine.models import load_tokenizer
+    from engine.tokenizer import load_tokenizer
 
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\d+|."), behavior="isolated")
