@@ -27,8 +27,9 @@ from engine.api import (
 )
 from engine.errors import SpecError
 from engine.eventlog import EventLog
-from engine.models import load_tokenizer, resolve_model
+from engine.models import resolve_model
 from engine.router import Future, Router, UsageSink
+from engine.tokenizer import load_tokenizer
 
 __all__ = [
     "Batch",
