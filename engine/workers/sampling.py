@@ -134,10 +134,10 @@ def sequence_logprobs(
         ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
         attn[i, : len(s)] = 1
     device = next(model.parameters()).device
-    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.float().cpu()
-    logp_all = torch.log_softmax(logits[:, :-1, :], dim=-1)
+    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.float()
+    logp_all = torch.log_softmax(logits[:, :-1, :], dim=-1)  # on the model's device: [B, S, V] is large
     targets = ids[:, 1:]
-    token_logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)  # [B, width-1]
+    token_logp = logp_all.gather(-1, targets.to(device)[..., None]).squeeze(-1).cpu()  # [B, width-1]
     t_max = max(len(c) for c in completions)
     prompt_lens = torch.as_tensor([len(p) for p in prompts], dtype=torch.long)
     comp_lens = torch.as_tensor([len(c) for c in completions], dtype=torch.long)
@@ -201,8 +201,8 @@ def shared_prompt_logprobs(
     allowed |= torch.eye(width, dtype=torch.bool)[None] & (query == -2)  # padding sees itself (no empty row)
     device = next(model.parameters()).device
     logits = model(input_ids=ids.to(device), attention_mask=allowed[:, None].to(device),
-                   position_ids=pos_ids.to(device)).logits.float().cpu()
-    logp_all = torch.log_softmax(logits, dim=-1)
+                   position_ids=pos_ids.to(device)).logits.float()
+    logp_all = torch.log_softmax(logits, dim=-1)  # on the model's device: [K, W, V] is large
     mask = torch.arange(t_max)[None, :] < torch.as_tensor([len(c) for c in completions])[:, None]
-    out = logp_all[pack_of, position_of, targets] * mask
+    out = logp_all[pack_of.to(device), position_of.to(device), targets.to(device)].cpu() * mask
     return out, mask

@@ -135,7 +135,9 @@ def test_stop_tokens_end_a_sample_and_change_nothing_before_them(tiny_qwen):
         end = free.index(stop) + 1 if stop in free else len(free)
         cut += end < len(free)
         assert got == free[:end]
-        torch.testing.assert_close(torch.tensor(got_lp), torch.tensor(free_lp[:end]), atol=1e-6, rtol=0)
+        # rows that stop leave the batch, so later steps run on other batch shapes: the same values
+        # to float rounding (as for the shared prompt above), bit-equal only with one BLAS thread
+        torch.testing.assert_close(torch.tensor(got_lp), torch.tensor(free_lp[:end]), atol=1e-5, rtol=0)
     assert cut > 0, "the stop token should cut some samples short"
 
 
