@@ -68,7 +68,11 @@ def main() -> None:
                 backend.execute(dep, "forward_backward", {"batch": batch, "loss": "grpo", "loss_config": {}})
                 backend.execute(dep, "optim_step", {})
 
+            def forward(backend=backend, dep=dep):
+                backend.execute(dep, "forward", {"batch": batch})
+
             rows.append((f"{name} train step (64 x 64 tokens)", f"{timed(step):.4f} s"))
+            rows.append((f"{name} forward (64 x 64 tokens)", f"{timed(forward):.4f} s"))
         torch_backend = backends[0][1]
         sampling = SamplingParams(n=8, temperature=1.0, max_tokens=32, seed=0)
         seconds = timed(lambda: torch_backend.execute(("timing", "torch"), "generate",
