@@ -68,6 +68,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lr-schedule", choices=["cosine", "constant"])
     p.add_argument("--temperature", type=float)
     p.add_argument("--kl-coef", type=float)
+    p.add_argument("--clip-eps-high", type=float,
+                   help="upper clip bound of the ratio is 1 + this, for positive advantages (default: clip_eps)")
     p.add_argument("--dual-clip", type=float, help="cap negative-advantage token losses at C*|A| (C > 1)")
     p.add_argument("--eval-every", type=int)
     p.add_argument("--eval-size", type=int)
@@ -96,7 +98,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     overrides = {k: getattr(args, k) for k in (
         "prompts_per_step", "samples_per_prompt", "updates_per_step", "lr", "warmup_steps", "lr_schedule",
-        "temperature", "kl_coef", "dual_clip", "eval_every", "eval_size") if getattr(args, k) is not None}
+        "temperature", "kl_coef", "clip_eps_high", "dual_clip", "eval_every", "eval_size",
+    ) if getattr(args, k) is not None}
     if args.shuffle_rewards:
         overrides["shuffle_rewards"] = True
     backends = {k: getattr(args, k) for k in ("rollout", "trainer") if getattr(args, k) is not None}

@@ -41,6 +41,7 @@ class GRPOConfig:
     warmup_steps: int = 5  # RL steps of linear learning-rate warm-up
     lr_schedule: str = "cosine"  # "cosine": decay to zero over the run's steps; "constant"
     clip_eps: float = 0.2
+    clip_eps_high: float = 0.0  # > 0: the ratio's upper clip bound is 1 + this ("clip-higher"); 0: clip_eps
     dual_clip: float = 0.0  # > 1: cap negative-advantage token losses at dual_clip * |A| (0: off)
     kl_coef: float = 0.0  # > 0 adds a frozen reference model and a k3 KL penalty
     temperature: float = 1.0
@@ -73,6 +74,8 @@ class GRPOConfig:
             raise SpecError("lr", "must be > 0")
         if not 0 < self.clip_eps < 1:
             raise SpecError("clip_eps", "must be in (0, 1)")
+        if not 0 <= self.clip_eps_high < 1:
+            raise SpecError("clip_eps_high", "must be in (0, 1), or 0 for clip_eps")
         if self.dual_clip and self.dual_clip <= 1:
             raise SpecError("dual_clip", "must be > 1 (or 0 for off)")
         if self.kl_coef < 0:
@@ -155,7 +158,8 @@ def train(
     reward = task_impl.reward or math_reward
     eval_set = task_impl.eval_set(config.eval_size)
     G = config.samples_per_prompt
-    loss_config = {"clip_eps": config.clip_eps, "kl_coef": config.kl_coef, "dual_clip": config.dual_clip}
+    loss_config = {"clip_eps": config.clip_eps, "clip_eps_high": config.clip_eps_high or config.clip_eps,
+                   "kl_coef": config.kl_coef, "dual_clip": config.dual_clip}
 
     def run_eval(step: int) -> tuple[dict[str, float], float]:
         return evaluate(client, policy, eval_set, tokenizer, max_tokens, protocol=protocol, tools=tools,

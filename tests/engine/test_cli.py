@@ -119,6 +119,7 @@ BAD_INPUT = {
     "zero-steps": (["train", "--steps", "0"], "steps: must be a positive integer, got 0"),
     "negative-steps": (["train", "--steps", "-3"], "steps: must be a positive integer, got -3"),
     "bad-grpo-value": (["train", "--samples-per-prompt", "1"], "samples_per_prompt"),
+    "bad-clip-eps-high": (["train", "--clip-eps-high", "1.5"], "clip_eps_high: must be in (0, 1), or 0 for clip_eps"),
     "missing-model": (["train", "--steps", "1", "--model", "/nonexistent/dir"], "'/nonexistent/dir'"),
     "out-in-proc": (["train", "--steps", "1", "--out", "/proc/forbidden"], "--out: cannot write to /proc/forbidden"),
     "unknown-rollout": (["train", "--rollout", "sglang"], "rollout: unknown backend 'sglang'; known: torch, vllm"),
