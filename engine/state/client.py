@@ -74,22 +74,22 @@ class HostMaps:
         n = meta.nbytes
         if not self.smallest <= n <= self.limit:
             return map_host(path, meta, write=write)
+        key = (os.stat(path).st_ino, n, write)  # a kept mapping is found without opening the file
+        with self._lock:
+            found = self._maps.pop(key, None)
+            if found is not None:
+                self._maps[key] = found  # most recently used last
+                return _as_tensor(found[1], meta)
         fd = os.open(path, os.O_RDWR if write else os.O_RDONLY)
         try:
-            key = (os.fstat(fd).st_ino, n, write)
-            with self._lock:
-                found = self._maps.pop(key, None)
-                if found is not None:
-                    self._maps[key] = found  # most recently used last
-            if found is None:
-                mm = _mmap(fd, n, write)
+            key = (os.fstat(fd).st_ino, n, write)  # the file opened, should the path have moved since
+            mm = _mmap(fd, n, write)
         except BaseException:
             os.close(fd)
             raise
-        if found is not None:
-            os.close(fd)  # the kept mapping holds its own descriptor: this one was only for the inode
-            return _as_tensor(found[1], meta)
         with self._lock:
+            if key in self._maps:  # mapped meanwhile (another thread, or the path moved): keep one
+                self._drop(key)
             self._maps[key] = (fd, mm)
             self._bytes += n
             while self._bytes > self.limit or len(self._maps) > self.entries:
