@@ -165,36 +165,39 @@ def shared_prompt_logprobs(
     packs: dict[tuple[int, ...], list[int]] = {}
     for row, prompt in enumerate(prompts):
         packs.setdefault(tuple(prompt), []).append(row)
-    t_max = max(len(c) for c in completions)
-    rows = len(prompts)
-    pack_of = torch.zeros((rows, t_max), dtype=torch.long)  # which packed sequence, which position
-    position_of = torch.zeros((rows, t_max), dtype=torch.long)  # predicts completion token j
-    targets = torch.zeros((rows, t_max), dtype=torch.long)
+    comp_lens = [len(c) for c in completions]
+    t_max = max(comp_lens)
+    # Built as flat Python lists and turned into tensors once: per-row tensors cost more than the
+    # model's forward pass on the small rows GRPO trains.
+    flat_pack, flat_position, flat_target = [], [], []  # per completion token, rows in order
     seqs, positions, owners = [], [], []
+    row_tokens: list[tuple[int, list[int], list[int]]] = [(0, [], [])] * len(prompts)
     for k, (prompt, members) in enumerate(packs.items()):
         seq, pos, owner = list(prompt), list(range(len(prompt))), [-1] * len(prompt)
         for row in members:
             comp = list(completions[row])
-            n = len(comp)
             start = len(seq)
-            pack_of[row, :n] = k
             # token 0 is predicted at the prompt's last position, token j at the row's token j - 1
-            position_of[row, :n] = torch.as_tensor([len(prompt) - 1, *range(start, start + n - 1)])
-            targets[row, :n] = torch.as_tensor(comp, dtype=torch.long)
+            row_tokens[row] = (k, [len(prompt) - 1, *range(start, start + len(comp) - 1)], comp)
             seq += comp
-            pos += range(len(prompt), len(prompt) + n)
-            owner += [row] * n
+            pos += range(len(prompt), len(prompt) + len(comp))
+            owner += [row] * len(comp)
         seqs.append(seq)
         positions.append(pos)
         owners.append(owner)
+    for (k, where, comp), n in zip(row_tokens, comp_lens, strict=True):
+        pad = t_max - n
+        flat_pack += [k] * n + [0] * pad
+        flat_position += where[:n] + [0] * pad  # an empty completion has no token to predict
+        flat_target += comp + [0] * pad
+    rows = len(prompts)
+    pack_of = torch.tensor(flat_pack, dtype=torch.long).view(rows, t_max)  # which packed sequence
+    position_of = torch.tensor(flat_position, dtype=torch.long).view(rows, t_max)  # predicts token j
+    targets = torch.tensor(flat_target, dtype=torch.long).view(rows, t_max)
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    pos_ids = torch.zeros((len(seqs), width), dtype=torch.long)
-    own = torch.full((len(seqs), width), -2, dtype=torch.long)  # -1: prompt, -2: padding
-    for k, (s, p, o) in enumerate(zip(seqs, positions, owners, strict=True)):
-        ids[k, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-        pos_ids[k, : len(p)] = torch.as_tensor(p, dtype=torch.long)
-        own[k, : len(o)] = torch.as_tensor(o, dtype=torch.long)
+    ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs], dtype=torch.long)
+    pos_ids = torch.tensor([p + [0] * (width - len(p)) for p in positions], dtype=torch.long)
+    own = torch.tensor([o + [-2] * (width - len(o)) for o in owners], dtype=torch.long)  # -1: prompt, -2: padding
     query, key = own[:, :, None], own[:, None, :]
     causal = torch.ones((width, width), dtype=torch.bool).tril()[None]
     allowed = causal & ((key == -1) | (key == query)) & (key != -2)
@@ -203,6 +206,6 @@ def shared_prompt_logprobs(
     logits = model(input_ids=ids.to(device), attention_mask=allowed[:, None].to(device),
                    position_ids=pos_ids.to(device)).logits.float()
     logp_all = torch.log_softmax(logits, dim=-1)  # on the model's device: [K, W, V] is large
-    mask = torch.arange(t_max)[None, :] < torch.as_tensor([len(c) for c in completions])[:, None]
+    mask = torch.arange(t_max)[None, :] < torch.as_tensor(comp_lens)[:, None]
     out = logp_all[pack_of.to(device), position_of.to(device), targets.to(device)].cpu() * mask
     return out, mask
