@@ -37,14 +37,19 @@ class GRPOConfig:
     prompts_per_step: int = 512
     samples_per_prompt: int = 8
     updates_per_step: int = 8  # minibatches per step, one optimizer step each
-    lr: float = 2e-4  # 5e-4 thrashes this base (per-step KL spikes above 1); 2e-4 climbs steadily
-    warmup_steps: int = 5  # RL steps of linear learning-rate warm-up
+    # lr, warm-up and temperature: `plexrl train --task arith --steps 150 --seed 0` (vLLM + Megatron)
+    # gained +0.275 held-out with 3e-4, 10 warm-up steps and T = 0.6, against +0.20 with 2e-4, 5 and
+    # T = 1 (5e-4 thrashes this base: per-step KL spikes above 1)
+    lr: float = 3e-4
+    warmup_steps: int = 10  # RL steps of linear learning-rate warm-up
     lr_schedule: str = "cosine"  # "cosine": decay to zero over the run's steps; "constant"
     clip_eps: float = 0.2
     clip_eps_high: float = 0.0  # > 0: the ratio's upper clip bound is 1 + this ("clip-higher"); 0: clip_eps
     dual_clip: float = 0.0  # > 1: cap negative-advantage token losses at dual_clip * |A| (0: off)
     kl_coef: float = 0.0  # > 0 adds a frozen reference model and a k3 KL penalty
-    temperature: float = 1.0
+    # Rollout temperature. Below 1 the samples sit nearer the greedy answer that is evaluated and
+    # more groups have mixed rewards (log-probs stay those of the model's own distribution).
+    temperature: float = 0.6
     max_tokens: int = 8  # per generate call: with a tool, per turn, and never below the task's min_turn_tokens
     eval_every: int = 10
     eval_size: int = 500

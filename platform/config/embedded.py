@@ -172,7 +172,7 @@ CREDENTIALS_FILE = "demo-credentials.json"
 # Measured alone on 2 cores (torch backends, seed 0): held-out accuracy 0.182 -> 0.236 (mean of the
 # last three evaluations) in 40 steps, ~100 s; 128 prompts a step at lr 3e-4 gained only 0.015.
 _DEMO_GRPO = {"prompts_per_step": 256, "samples_per_prompt": 8, "updates_per_step": 4, "lr": 4e-4,
-              "eval_every": 10, "eval_size": 500}
+              "warmup_steps": 5, "temperature": 1.0, "eval_every": 10, "eval_size": 500}
 DEMO_JOBS = (
     {"name": "arith · default", "spec": {"task": "arith", "model": "tiny-arith", "steps": 40, "seed": 0,
                                          "rollout": "torch", "trainer": "torch", "grpo": _DEMO_GRPO}},
