@@ -69,9 +69,12 @@ def _up(args: argparse.Namespace) -> int:
         print(f"plexrl: error: {args.host}:{args.port} is in use (choose another with --port)", file=sys.stderr)
         return 2
     if args.command == "demo":
-        return embedded.demo(host=args.host, port=args.port, open_browser=not args.no_browser,
+        code = embedded.demo(host=args.host, port=args.port, open_browser=not args.no_browser,
                              exit_after_jobs=args.exit_after_jobs)
-    return embedded.up(host=args.host, port=args.port, open_browser=not args.no_browser)
+    else:
+        code = embedded.up(host=args.host, port=args.port, open_browser=not args.no_browser)
+    embedded.exit_within(code)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

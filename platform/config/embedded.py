@@ -114,6 +114,29 @@ class EmbeddedPlatform:
             self._engine_started = False
 
 
+EXIT_GRACE_S = 20.0
+
+
+def exit_within(code: int, grace: float = EXIT_GRACE_S) -> None:
+    """After a stop: make sure the process ends with ``code`` within ``grace`` seconds.
+
+    Everything the platform started is stopped by then, but the interpreter's exit still joins
+    third-party threads (the server's, Ray's, thread pools); one that never returns would keep a
+    stopped platform's process alive after Ctrl-C. A daemon watchdog prints the stacks of whatever
+    is still running (so the stall can be fixed where it is) and ends the process."""
+    import faulthandler
+
+    def watch() -> None:
+        time.sleep(grace)
+        print(f"PlexRL: the process did not exit within {grace:.0f} s of stopping; still running:",
+              file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stdout.flush()
+        os._exit(code)
+
+    threading.Thread(target=watch, name="exit-watchdog", daemon=True).start()
+
+
 def port_free(host: str, port: int) -> bool:
     import socket
 

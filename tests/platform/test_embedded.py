@@ -87,3 +87,21 @@ def test_plexrl_up_runs_a_job_end_to_end_and_stops_cleanly_on_ctrl_c(engine_home
         again.send_signal(signal.SIGINT)
         assert again.wait(timeout=90) == 0, again.tail()
     assert not live.leftovers(env), "processes left running after the second Ctrl-C"
+
+
+def test_a_stopped_platform_exits_even_when_a_thread_never_returns():
+    """What ``plexrl up`` runs after its stop: a thread left running (as a third-party one could be)
+    does not keep the process alive; its stack is printed and the stop's exit status kept."""
+    script = (
+        "import sys, threading, time\n"
+        f"sys.path.insert(0, {str(live.REPO / 'platform')!r})\n"
+        "from config.embedded import exit_within\n"
+        "def stuck():\n    time.sleep(3600)\n"
+        "threading.Thread(target=stuck).start()\n"
+        "exit_within(3, grace=1)\n"
+        "sys.exit(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert "did not exit within 1 s of stopping" in done.stderr
+    assert "in stuck" in done.stderr, done.stderr  # the stalled thread's stack
