@@ -192,10 +192,11 @@ CREDENTIALS_FILE = "demo-credentials.json"
 # Four jobs of different shapes, as they would come from four teams: two default-shaped ones, a
 # rollout-heavy one (fewer updates a step) and one whose answers call a calculator (its tool stalls
 # are gaps the others fill). Torch backends: they start in seconds on a laptop; the GPU build uses
-# vLLM and Megatron. The default-shaped jobs take the GRPO defaults (512 prompts a step): measured
-# alone on 2 cores (torch backends, 40 steps), held-out accuracy 0.208 -> 0.277 (seed 1), mean of
-# the last three evaluations; 256 prompts at lr 4e-4 gained -0.005 to +0.007 on the same base.
-_DEMO_GRPO = {"eval_every": 10, "eval_size": 500}
+# vLLM and Megatron. The default-shaped jobs take the GRPO defaults but 512 prompts a step (the
+# default is 704, for `plexrl train`'s 150 steps): measured alone on 2 cores (torch backends, 40
+# steps), held-out accuracy 0.208 -> 0.277 (seed 1), mean of the last three evaluations; 256
+# prompts at lr 4e-4 gained -0.005 to +0.007 on the same base.
+_DEMO_GRPO = {"prompts_per_step": 512, "eval_every": 10, "eval_size": 500}
 DEMO_JOBS = (
     {"name": "arith · default", "spec": {"task": "arith", "model": "tiny-arith", "steps": 40, "seed": 0,
                                          "rollout": "torch", "trainer": "torch", "grpo": _DEMO_GRPO}},
