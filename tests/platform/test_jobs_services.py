@@ -3,6 +3,8 @@ ingestion of an event log (idempotent, state following), savings, and quota enfo
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
@@ -139,11 +141,21 @@ def test_savings_against_the_dedicated_counterfactual(org):
     assert s["counterfactual_device_hours"] == pytest.approx(4 * (isolated - 2.0) / 3600)
 
 
-def test_quota_enforcement_pauses_over_budget_and_resumes_when_raised(org):
+@pytest.fixture
+def mid_month(monkeypatch) -> float:
+    """The platform's clock fixed in the middle of a month; returns it in Unix seconds. This month's
+    device-hours count calls by when they started, so a call that started two hours before the real
+    now belongs to last month during a month's first two hours."""
+    now = dt.datetime(2026, 6, 15, 12, 0, tzinfo=dt.UTC)
+    monkeypatch.setattr(timezone, "now", lambda: now)
+    return now.timestamp()
+
+
+def test_quota_enforcement_pauses_over_budget_and_resumes_when_raised(org, mid_month):
     organization, owner = org
     job = services.job_create(organization=organization, user=owner, spec=SPEC)
     services.ingest_events(job=job, events=[state(1, "running")])
-    now = timezone.now().timestamp()
+    now = mid_month
     services.ingest_events(job=job, events=[usage(2, 1, now - 7200, now, devices=1.0)])  # 2 device-hours
     Quota.objects.update_or_create(organization=organization, defaults={"device_hours_per_month": 1})
     assert enforce_quotas() == {"paused": 1, "resumed": 0}
@@ -158,12 +170,12 @@ def test_quota_enforcement_pauses_over_budget_and_resumes_when_raised(org):
     assert (job.state, job.paused_by_quota) == (JobState.RUNNING, False)
 
 
-def test_quota_usage_counts_active_jobs_and_this_months_device_hours(org):
+def test_quota_usage_counts_active_jobs_and_this_months_device_hours(org, mid_month):
     from accounts.selectors import quota_usage
 
     organization, owner = org
     job = services.job_create(organization=organization, user=owner, spec=SPEC)
-    now = timezone.now().timestamp()
+    now = mid_month
     services.ingest_events(job=job, events=[usage(1, 1, now - 1800, now, devices=2.0)])  # 1 device-hour
     services.ingest_events(job=job, events=[usage(2, 2, 0.0, 3600.0, devices=1.0)])  # 1970: another month
     assert quota_usage(organization=organization) == {"device_hours_this_month": 1.0, "concurrent_jobs": 1}
