@@ -33,6 +33,20 @@ def setup_django() -> None:
     django.setup()
 
 
+STOP_BEAT_S = 10.0
+STOP_WORKER_S = 30.0  # a warm shutdown: the task it is running may finish
+
+
+def _bounded(stop: Callable[[], object], seconds: float, what: str) -> None:
+    """Run ``stop`` for at most ``seconds`` (in a daemon thread); say so when it did not finish."""
+    thread = threading.Thread(target=stop, name=f"stop {what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        print(f"PlexRL: {what} did not stop within {seconds:.0f} s; stopping the rest", flush=True)
+        log.warning("%s did not stop within %.0f s", what, seconds)
+
+
 @dataclass
 class EmbeddedPlatform:
     """Start with ``start()`` (migrations, engine, worker, beat), serve with ``serve()`` (blocks until
@@ -93,13 +107,15 @@ class EmbeddedPlatform:
         reactor.callFromThread(reactor.stop)
 
     def close(self) -> None:
-        """Stop the beat, the worker, the engine and Ray; idempotent."""
+        """Stop the beat, the worker, the engine and Ray; idempotent. Each of the beat and the
+        worker gets a bounded time (their threads are daemons): one that hangs is named and left
+        behind, and the engine and Ray still stop."""
         if self._beat is not None:
-            self._beat.stop()
+            _bounded(lambda: self._beat.stop(), STOP_BEAT_S, "the Celery beat")
             self._beat = None
         if self._worker is not None:
-            self._worker.stop(in_sighandler=False)
-            self._worker_thread.join(timeout=30)
+            worker, thread = self._worker, self._worker_thread
+            _bounded(lambda: (worker.stop(in_sighandler=False), thread.join()), STOP_WORKER_S, "the Celery worker")
             self._worker = None
         if self._engine_started:
             import ray
@@ -112,6 +128,15 @@ class EmbeddedPlatform:
                 log.exception("engine shutdown failed")
             ray.shutdown()
             self._engine_started = False
+
+
+def dump_stacks_on_sigusr1() -> None:
+    """``kill -USR1`` prints every thread's stack to stderr (from C: it works while a thread holds
+    the interpreter), to see where a platform process that does not answer or stop is."""
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
 EXIT_GRACE_S = 20.0
@@ -158,6 +183,7 @@ def missing_presets(names=None) -> list[str]:
 
 def up(*, host: str, port: int, open_browser: bool) -> int:
     """``plexrl up``: serve the platform until Ctrl-C; 0 on a clean stop."""
+    dump_stacks_on_sigusr1()
     setup_django()
     from django.conf import settings
 
@@ -333,6 +359,7 @@ def demo(*, host: str, port: int, open_browser: bool, exit_after_jobs: bool) -> 
     """``plexrl demo``: ``plexrl up`` plus a demo organization, its admin and the demo jobs, with
     their progress in the terminal. ``exit_after_jobs``: stop once the demo jobs have ended; 0 if
     they all succeeded, 1 otherwise."""
+    dump_stacks_on_sigusr1()
     setup_django()
     from django.conf import settings
 

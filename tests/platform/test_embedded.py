@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -70,8 +71,10 @@ def test_plexrl_up_runs_a_job_end_to_end_and_stops_cleanly_on_ctrl_c(engine_home
         try:
             code = proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # its threads' stacks into the log, to see where it hangs
+            time.sleep(2)
             proc.stop()
-            pytest.fail(f"plexrl up did not stop on Ctrl-C; its log ends:\n{proc.tail()}")
+            pytest.fail(f"plexrl up did not stop on Ctrl-C; its log ends:\n{proc.tail(12000)}")
     assert code == 0, proc.tail()
     assert "PlexRL: stopped." in proc.log.read_text()
     assert not live.leftovers(env), "processes left running after Ctrl-C"
@@ -105,3 +108,40 @@ def test_a_stopped_platform_exits_even_when_a_thread_never_returns():
     assert done.returncode == 3, done.stderr
     assert "did not exit within 1 s of stopping" in done.stderr
     assert "in stuck" in done.stderr, done.stderr  # the stalled thread's stack
+
+
+def test_a_stop_that_hangs_is_bounded_and_named(capsys):
+    import threading
+
+    sys.path.insert(0, str(live.REPO / "platform"))
+    from config.embedded import _bounded
+
+    release = threading.Event()
+    started = time.monotonic()
+    _bounded(release.wait, 0.3, "the stuck part")
+    assert time.monotonic() - started < 5
+    assert "PlexRL: the stuck part did not stop within 0 s; stopping the rest" in capsys.readouterr().out
+    release.set()
+    _bounded(lambda: None, 5, "the quick part")
+    assert "quick part" not in capsys.readouterr().out
+
+
+def test_sigusr1_prints_every_threads_stack():
+    script = (
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(live.REPO / 'platform')!r})\n"
+        "from config.embedded import dump_stacks_on_sigusr1\n"
+        "dump_stacks_on_sigusr1()\n"
+        "def waiting_here():\n    print('ready', flush=True)\n    time.sleep(30)\n"
+        "waiting_here()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        assert proc.poll() is None  # it only prints: the process goes on
+    finally:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+    assert "in waiting_here" in err, err
