@@ -130,12 +130,16 @@ class EmbeddedPlatform:
             self._engine_started = False
 
 
-def dump_stacks_on_sigusr1() -> None:
-    """``kill -USR1`` prints every thread's stack to stderr (from C: it works while a thread holds
-    the interpreter), to see where a platform process that does not answer or stop is."""
+def install_signal_handlers() -> None:
+    """Ctrl-C (SIGINT) stops the platform even if this process was started with SIGINT ignored,
+    as a shell starts its background jobs (``cmd &``) and everything they run: Python then keeps
+    SIGINT ignored and the server would not install its handler. And ``kill -USR1`` prints every
+    thread's stack to stderr (from C: it works while a thread holds the interpreter), to see where
+    a platform process that does not answer or stop is. Main thread, before serving."""
     import faulthandler
     import signal
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
@@ -183,7 +187,7 @@ def missing_presets(names=None) -> list[str]:
 
 def up(*, host: str, port: int, open_browser: bool) -> int:
     """``plexrl up``: serve the platform until Ctrl-C; 0 on a clean stop."""
-    dump_stacks_on_sigusr1()
+    install_signal_handlers()
     setup_django()
     from django.conf import settings
 
@@ -359,7 +363,7 @@ def demo(*, host: str, port: int, open_browser: bool, exit_after_jobs: bool) -> 
     """``plexrl demo``: ``plexrl up`` plus a demo organization, its admin and the demo jobs, with
     their progress in the terminal. ``exit_after_jobs``: stop once the demo jobs have ended; 0 if
     they all succeeded, 1 otherwise."""
-    dump_stacks_on_sigusr1()
+    install_signal_handlers()
     setup_django()
     from django.conf import settings
 

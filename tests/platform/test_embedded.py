@@ -126,16 +126,20 @@ def test_a_stop_that_hangs_is_bounded_and_named(capsys):
     assert "quick part" not in capsys.readouterr().out
 
 
-def test_sigusr1_prints_every_threads_stack():
+def test_sigusr1_prints_every_threads_stack_and_ctrl_c_works_where_sigint_was_ignored():
     script = (
-        "import sys, time\n"
+        "import signal, sys, time\n"
         f"sys.path.insert(0, {str(live.REPO / 'platform')!r})\n"
-        "from config.embedded import dump_stacks_on_sigusr1\n"
-        "dump_stacks_on_sigusr1()\n"
+        "from config.embedded import install_signal_handlers\n"
+        "assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN, 'started as a background job'\n"
+        "install_signal_handlers()\n"
+        "assert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
         "def waiting_here():\n    print('ready', flush=True)\n    time.sleep(30)\n"
         "waiting_here()\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT ignored from the start, as `cmd &` in a shell without job control leaves it (CI runs so)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGUSR1)
