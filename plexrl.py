@@ -68,6 +68,7 @@ def _up(args: argparse.Namespace) -> int:
     if not embedded.port_free(args.host, args.port):
         print(f"plexrl: error: {args.host}:{args.port} is in use (choose another with --port)", file=sys.stderr)
         return 2
+    embedded.install_signal_handlers()
     if args.command == "demo":
         code = embedded.demo(host=args.host, port=args.port, open_browser=not args.no_browser,
                              exit_after_jobs=args.exit_after_jobs)

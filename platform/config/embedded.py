@@ -111,7 +111,7 @@ class EmbeddedPlatform:
         worker gets a bounded time (their threads are daemons): one that hangs is named and left
         behind, and the engine and Ray still stop."""
         if self._beat is not None:
-            _bounded(lambda: self._beat.stop(), STOP_BEAT_S, "the Celery beat")
+            _bounded(self._beat.stop, STOP_BEAT_S, "the Celery beat")
             self._beat = None
         if self._worker is not None:
             worker, thread = self._worker, self._worker_thread
@@ -135,7 +135,8 @@ def install_signal_handlers() -> None:
     as a shell starts its background jobs (``cmd &``) and everything they run: Python then keeps
     SIGINT ignored and the server would not install its handler. And ``kill -USR1`` prints every
     thread's stack to stderr (from C: it works while a thread holds the interpreter), to see where
-    a platform process that does not answer or stop is. Main thread, before serving."""
+    a platform process that does not answer or stop is. Main thread, before serving (``plexrl
+    up`` and ``plexrl demo`` call it first)."""
     import faulthandler
     import signal
 
@@ -187,7 +188,6 @@ def missing_presets(names=None) -> list[str]:
 
 def up(*, host: str, port: int, open_browser: bool) -> int:
     """``plexrl up``: serve the platform until Ctrl-C; 0 on a clean stop."""
-    install_signal_handlers()
     setup_django()
     from django.conf import settings
 
@@ -363,7 +363,6 @@ def demo(*, host: str, port: int, open_browser: bool, exit_after_jobs: bool) -> 
     """``plexrl demo``: ``plexrl up`` plus a demo organization, its admin and the demo jobs, with
     their progress in the terminal. ``exit_after_jobs``: stop once the demo jobs have ended; 0 if
     they all succeeded, 1 otherwise."""
-    install_signal_handlers()
     setup_django()
     from django.conf import settings
 
