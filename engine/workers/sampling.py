@@ -149,63 +149,93 @@ def sequence_logprobs(
     return out, mask
 
 
+def pack_rows(lengths: Sequence[int]) -> tuple[list[tuple[int, int]], int]:
+    """Place items of the given lengths into rows as long as the longest item, best fit, longest
+    first: returns each item's ``(row, offset)`` and the number of rows. Deterministic (ties keep
+    input order); rows are filled in the order they are opened."""
+    capacity = max(lengths)
+    by_space: list[list[int]] = [[] for _ in range(capacity + 1)]  # rows by the room left in them
+    room: list[int] = []
+    place: list[tuple[int, int]] = [(0, 0)] * len(lengths)
+    for item in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = lengths[item]
+        space = next((s for s in range(n, capacity + 1) if by_space[s]), None)
+        if space is None:
+            row = len(room)
+            room.append(capacity)
+        else:
+            row = by_space[space].pop(0)
+        place[item] = (row, capacity - room[row])
+        room[row] -= n
+        by_space[room[row]].append(row)
+    return place, len(room)
+
+
 def shared_prompt_logprobs(
     model, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``sequence_logprobs`` with each distinct prompt computed once for all its completions.
 
     GRPO's rows come in groups that share a prompt (``samples_per_prompt`` answers to one problem),
-    and on a small model the prompt is most of every row. Rows with the same prompt are packed into
-    one sequence, ``prompt, completion_1, completion_2, ...``, under a mask that lets each completion
-    see the prompt and its own earlier tokens only, with positions restarting after the prompt for
-    every completion, so each token's log-prob is the one an unpacked row gives (to float rounding).
-    The model must take a 4-D boolean ``attention_mask`` and ``position_ids`` (transformers' causal
-    LMs do). Same return value as ``sequence_logprobs``: ``[B, T]`` log-probs and mask, row order kept.
+    and on a small model the prompt is most of every row. Rows with the same prompt form one pack,
+    ``prompt, completion_1, completion_2, ...``, in which each completion sees the prompt and its
+    own earlier tokens only, with positions restarting after the prompt for every completion. Packs
+    are then placed side by side in sequences as long as the longest pack (``pack_rows``), each
+    seeing only itself, so the batch holds little padding: packs differ in length by up to the
+    number of their completions times the longest one. Each token's log-prob is the one an unpacked
+    row gives (to float rounding). The model must take a 4-D boolean ``attention_mask`` and
+    ``position_ids`` (transformers' causal LMs do). Same return value as ``sequence_logprobs``:
+    ``[B, T]`` log-probs and mask, row order kept.
     """
     packs: dict[tuple[int, ...], list[int]] = {}
     for row, prompt in enumerate(prompts):
         packs.setdefault(tuple(prompt), []).append(row)
     comp_lens = [len(c) for c in completions]
     t_max = max(comp_lens)
+    pack_lens = [len(p) + sum(comp_lens[r] for r in members) for p, members in packs.items()]
+    place, n_seqs = pack_rows(pack_lens)
+    width = max(pack_lens)
     # Built as flat Python lists and turned into tensors once: per-row tensors cost more than the
     # model's forward pass on the small rows GRPO trains.
-    flat_pack, flat_position, flat_target = [], [], []  # per completion token, rows in order
-    seqs, positions, owners = [], [], []
+    ids = [[pad_id] * width for _ in range(n_seqs)]
+    positions = [[0] * width for _ in range(n_seqs)]
+    segments = [[-1] * width for _ in range(n_seqs)]  # which pack a token belongs to; -1: padding
+    owners = [[-2] * width for _ in range(n_seqs)]  # -1: a prompt token, else the completion's row
     row_tokens: list[tuple[int, list[int], list[int]]] = [(0, [], [])] * len(prompts)
     for k, (prompt, members) in enumerate(packs.items()):
+        seq_i, at = place[k]
         seq, pos, owner = list(prompt), list(range(len(prompt))), [-1] * len(prompt)
         for row in members:
             comp = list(completions[row])
-            start = len(seq)
+            start = at + len(seq)
             # token 0 is predicted at the prompt's last position, token j at the row's token j - 1
-            row_tokens[row] = (k, [len(prompt) - 1, *range(start, start + len(comp) - 1)], comp)
+            row_tokens[row] = (seq_i, [at + len(prompt) - 1, *range(start, start + len(comp) - 1)], comp)
             seq += comp
             pos += range(len(prompt), len(prompt) + len(comp))
             owner += [row] * len(comp)
-        seqs.append(seq)
-        positions.append(pos)
-        owners.append(owner)
-    for (k, where, comp), n in zip(row_tokens, comp_lens, strict=True):
+        end = at + len(seq)
+        ids[seq_i][at:end], positions[seq_i][at:end], owners[seq_i][at:end] = seq, pos, owner
+        segments[seq_i][at:end] = [k] * len(seq)
+    flat_seq, flat_position, flat_target = [], [], []  # per completion token, rows in order
+    for (seq_i, where, comp), n in zip(row_tokens, comp_lens, strict=True):
         pad = t_max - n
-        flat_pack += [k] * n + [0] * pad
+        flat_seq += [seq_i] * n + [0] * pad
         flat_position += where[:n] + [0] * pad  # an empty completion has no token to predict
         flat_target += comp + [0] * pad
     rows = len(prompts)
-    pack_of = torch.tensor(flat_pack, dtype=torch.long).view(rows, t_max)  # which packed sequence
+    seq_of = torch.tensor(flat_seq, dtype=torch.long).view(rows, t_max)  # which packed sequence
     position_of = torch.tensor(flat_position, dtype=torch.long).view(rows, t_max)  # predicts token j
     targets = torch.tensor(flat_target, dtype=torch.long).view(rows, t_max)
-    width = max(len(s) for s in seqs)
-    ids = torch.tensor([s + [pad_id] * (width - len(s)) for s in seqs], dtype=torch.long)
-    pos_ids = torch.tensor([p + [0] * (width - len(p)) for p in positions], dtype=torch.long)
-    own = torch.tensor([o + [-2] * (width - len(o)) for o in owners], dtype=torch.long)  # -1: prompt, -2: padding
+    own = torch.tensor(owners, dtype=torch.long)
+    seg = torch.tensor(segments, dtype=torch.long)
     query, key = own[:, :, None], own[:, None, :]
     causal = torch.ones((width, width), dtype=torch.bool).tril()[None]
-    allowed = causal & ((key == -1) | (key == query)) & (key != -2)
+    allowed = causal & (seg[:, :, None] == seg[:, None, :]) & ((key == -1) | (key == query)) & (key != -2)
     allowed |= torch.eye(width, dtype=torch.bool)[None] & (query == -2)  # padding sees itself (no empty row)
     device = next(model.parameters()).device
-    logits = model(input_ids=ids.to(device), attention_mask=allowed[:, None].to(device),
-                   position_ids=pos_ids.to(device)).logits.float()
+    logits = model(input_ids=torch.tensor(ids, dtype=torch.long).to(device), attention_mask=allowed[:, None].to(device),
+                   position_ids=torch.tensor(positions, dtype=torch.long).to(device)).logits.float()
     logp_all = torch.log_softmax(logits, dim=-1)  # on the model's device: [K, W, V] is large
     mask = torch.arange(t_max)[None, :] < torch.as_tensor(comp_lens)[:, None]
-    out = logp_all[pack_of.to(device), position_of.to(device), targets.to(device)].cpu() * mask
+    out = logp_all[seq_of.to(device), position_of.to(device), targets.to(device)].cpu() * mask
     return out, mask

@@ -8,7 +8,7 @@ pass, and transformers' own greedy decoding.
 import pytest
 import torch
 
-from engine.workers.sampling import left_pad, sample, sequence_logprobs, shared_prompt_logprobs
+from engine.workers.sampling import left_pad, pack_rows, sample, sequence_logprobs, shared_prompt_logprobs
 
 PAD, EOS = 0, 1
 # Prompts of different lengths, no special tokens inside.
@@ -145,9 +145,9 @@ def test_shared_prompt_forward_equals_one_row_per_completion(tiny_qwen):
     """Rows sharing a prompt, packed into one sequence under a block mask, give the log-probs and
     the gradients of the plain right-padded forward pass: rows in any order, prompts repeated a
     different number of times, completions of different lengths (padding inside and between packs)."""
-    prompts = [p for p in PROMPTS for _ in range(4)]
+    prompts = [p for p, times in zip(PROMPTS, (6, 1, 4, 1, 3), strict=True) for _ in range(times)]
     tokens, _ = _sample(tiny_qwen, prompts, temperature=1.0, max_tokens=6)
-    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(3)).tolist()[:-3]
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(3)).tolist()
     prompts, tokens = [prompts[i] for i in order], [tokens[i] for i in order]
     assert len(set(map(len, tokens))) > 1, "completions of several lengths"
 
@@ -158,9 +158,38 @@ def test_shared_prompt_forward_equals_one_row_per_completion(tiny_qwen):
         return logp.detach(), mask, [p.grad.clone() for p in tiny_qwen.parameters()]
 
     ref, ref_mask, ref_grads = run(sequence_logprobs)
-    got, mask, grads = run(shared_prompt_logprobs)
+    widths = []
+    forward = tiny_qwen.forward
+
+    def recording(*args, **kwargs):
+        widths.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    tiny_qwen.forward = recording
+    try:
+        got, mask, grads = run(shared_prompt_logprobs)
+    finally:
+        del tiny_qwen.forward
+    # the short packs shared sequences with others (fewer sequences than distinct prompts)
+    assert len(widths) == 1
+    assert widths[0][0] < len(set(map(tuple, prompts)))
     assert torch.equal(mask, ref_mask)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
     assert (got[~mask] == 0).all()
     for g, r in zip(grads, ref_grads, strict=True):  # fp32 sums in another order: relative 1e-5
         assert float((g - r).norm() / r.norm()) <= 1e-5
+
+
+def test_pack_rows_fits_every_item_once_without_overlap():
+    lengths = [7, 3, 3, 9, 1, 5, 2, 4, 6, 9, 2, 1]
+    place, rows = pack_rows(lengths)
+    capacity = max(lengths)
+    used: dict[int, set[int]] = {}
+    for (row, at), n in zip(place, lengths, strict=True):
+        cells = set(range(at, at + n))
+        assert at + n <= capacity
+        assert not used.setdefault(row, set()) & cells
+        used[row] |= cells
+    assert rows == len(used) == -(-sum(lengths) // capacity)  # as few rows as the tokens need, here
+    assert pack_rows(lengths) == (place, rows)  # deterministic
+    assert pack_rows([4]) == ([(0, 0)], 1)
