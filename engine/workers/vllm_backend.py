@@ -23,11 +23,13 @@ device slots and answer with ``None``); only the CPU path is tested here.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +74,21 @@ def engine_options(world_size: int) -> dict[str, Any]:
         "max_num_seqs": 1024,
         "max_num_batched_tokens": 16384,
     }
+
+
+@contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off while the block runs (reference counting still frees
+    what it can; cycles wait for the next collection). A wide generate call allocates objects by
+    the million (requests, KV block lists, log-prob dicts), and the collections they trigger
+    rescan everything still alive in the engine: about a sixth of a call's time here."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _set_vllm_env(threads: int) -> None:
@@ -371,9 +388,10 @@ class VllmBackend(Backend):
             )
             for i in range(len(prompts))
         ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
-        )
+        with collector_paused():
+            outputs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+            )
         ids: list[list[int]] = []
         logps: list[list[float]] = []
         for out in outputs:
