@@ -384,6 +384,7 @@ class VllmBackend(Backend):
                 seed=None if greedy else request_seed(sampling.seed, i),
                 stop_token_ids=list(sampling.stop_token_ids) or None,  # kept in token_ids, as EOS is
                 logprobs=0,  # the sampled token's log-prob only
+                flat_logprobs=True,  # kept as flat lists, not a dict and an object per token
                 detokenize=False,  # text comes from the deployment's own tokenizer, as in torch
             )
             for i in range(len(prompts))
@@ -401,7 +402,10 @@ class VllmBackend(Backend):
             for c in samples:
                 tokens = list(c.token_ids)
                 ids.append(tokens)
-                logps.append([float(c.logprobs[j][t].logprob) for j, t in enumerate(tokens)])
+                # one entry per position, the sampled token's (logprobs=0)
+                if c.logprobs.token_ids != tokens:
+                    raise RuntimeError("vLLM returned log-probs of other tokens than those it sampled")
+                logps.append(list(c.logprobs.logprobs))
         texts = state.tokenizer.batch_decode(ids, skip_special_tokens=True)
         return [
             Completion(prompt_index=k // sampling.n, token_ids=t, text=s, logprobs=lp)
