@@ -223,7 +223,7 @@ CREDENTIALS_FILE = "demo-credentials.json"
 # rollout-heavy one (fewer updates a step) and one whose answers call a calculator (its tool stalls
 # are gaps the others fill). Torch backends: they start in seconds on a laptop; the GPU build uses
 # vLLM and Megatron. The default-shaped jobs take the GRPO defaults but 512 prompts a step (the
-# default is 704, for `plexrl train`'s 150 steps): measured alone on 2 cores (torch backends, 40
+# default is 1024, for `plexrl train`'s 150 steps): measured alone on 2 cores (torch backends, 40
 # steps), held-out accuracy 0.208 -> 0.277 (seed 1), mean of the last three evaluations; 256
 # prompts at lr 4e-4 gained -0.005 to +0.007 on the same base.
 _DEMO_GRPO = {"prompts_per_step": 512, "eval_every": 10, "eval_size": 500}
