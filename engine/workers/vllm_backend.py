@@ -80,7 +80,7 @@ def engine_options(world_size: int) -> dict[str, Any]:
 def collector_paused():
     """Python's cyclic garbage collector off while the block runs (reference counting still frees
     what it can; cycles wait for the next collection). A wide generate call allocates objects by
-    the million (requests, KV block lists, log-prob dicts), and the collections they trigger
+    the million (requests, KV block lists, outputs), and the collections they trigger
     rescan everything still alive in the engine: about a sixth of a call's time here."""
     enabled = gc.isenabled()
     gc.disable()
