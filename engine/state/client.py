@@ -20,7 +20,17 @@ from typing import Any
 
 import torch
 
-from engine.state.store import Mismatch, Piece, ReadItem, StateStore, TensorMeta
+from engine.state.store import (
+    Mismatch,
+    Piece,
+    ReadItem,
+    StateStore,
+    TensorMeta,
+    items_from_wire,
+    keys_to_wire,
+    shard_to_wire,
+    writes_to_wire,
+)
 from engine.workers.layout import WHOLE, ShardSpec
 
 Key = tuple[str, ShardSpec]  # (canonical tensor name, shard) within one model
@@ -53,60 +63,77 @@ def _as_tensor(mm: mmap.mmap, meta: TensorMeta) -> torch.Tensor:
 class HostMaps:
     """A rank's mappings of host-tier files, kept between swaps.
 
-    Mapping a file and filling its page tables costs about as much as copying it, so a rank keeps
-    its mappings, found by the file's inode: the StateManager hands a freed blob's file to the next
-    blob of that size (renamed, same inode), so a job swapped out and in again reuses mappings
-    whose pages are already in place. A mapping whose file was deleted would keep its memory
-    alive, so every use first drops those (``sweep``); at most ``limit`` bytes and ``entries``
-    files (each holds a descriptor) stay mapped, and files under ``smallest`` bytes (where mapping
-    costs little next to the rest of a call) are not kept.
+    Mapping a file and filling its page tables costs about as much as copying it, and a swap maps
+    a file per tensor, so a rank keeps its mappings and the typed tensors over them, found by the
+    file's name: the StateManager never renames a host file nor gives a name to another file, and
+    hands a freed blob's file (same name) to the next blob of that size, so a job swapped out and
+    in again reuses mappings whose pages are already in place. A mapping whose file was deleted
+    would keep its memory alive: ``sweep`` drops those when the store's epoch says files were
+    deleted. At most ``limit`` bytes and ``entries`` files (each holds a descriptor) stay mapped.
+
+    A kept mapping of a live file costs page tables, not memory (the pages are the host tier's),
+    so ``limit`` is large: a rank that swaps two jobs' training states (weights, gradients, two
+    moments each, mapped once to write and once to read) must keep them all, or it maps a file
+    per tensor again at every swap. The descriptors are bounded by the process's limit.
     """
 
-    def __init__(self, limit: int = 1 << 30, entries: int = 1024, smallest: int = 64 << 10):
-        self.limit, self.entries, self.smallest = limit, entries, smallest
-        self._maps: dict[tuple[int, int, bool], tuple[int, mmap.mmap]] = {}  # (inode, size, write) -> fd, map
+    def __init__(self, limit: int = 64 << 30, entries: int | None = None):
+        if entries is None:
+            import resource
+
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            entries = max(256, min(8192, soft // 4))  # leave most descriptors to the process
+        self.limit, self.entries = limit, entries
+        # (path, write) -> (map, its bytes, typed views of it by meta); least recently used first
+        self._maps: dict[tuple[str, bool], tuple[mmap.mmap, int, dict[TensorMeta, torch.Tensor]]] = {}
         self._bytes = 0
+        self._epoch: Any = None  # the store's epoch at the last sweep
         self._lock = threading.Lock()
 
     def tensor(self, path: str | None, meta: TensorMeta, *, write: bool = False) -> torch.Tensor:
         if path is None or meta.nbytes == 0:
             return torch.empty(meta.shape, dtype=meta.torch_dtype)
         n = meta.nbytes
-        if not self.smallest <= n <= self.limit:
+        if n > self.limit:
             return map_host(path, meta, write=write)
-        key = (os.stat(path).st_ino, n, write)  # a kept mapping is found without opening the file
+        key = (path, write)
         with self._lock:
             found = self._maps.pop(key, None)
-            if found is not None:
+            if found is not None and found[1] == n:
                 self._maps[key] = found  # most recently used last
-                return _as_tensor(found[1], meta)
-        fd = os.open(path, os.O_RDWR if write else os.O_RDONLY)
-        try:
-            key = (os.fstat(fd).st_ino, n, write)  # the file opened, should the path have moved since
-            mm = _mmap(fd, n, write)
-        except BaseException:
-            os.close(fd)
-            raise
-        with self._lock:
-            if key in self._maps:  # mapped meanwhile (another thread, or the path moved): keep one
+                views = found[2]
+                t = views.get(meta)
+                if t is None:
+                    t = views[meta] = _as_tensor(found[0], meta)
+                return t
+            if found is not None:  # cannot happen with pooled files (same size); be safe
+                self._maps[key] = found
                 self._drop(key)
-            self._maps[key] = (fd, mm)
+        with open(path, "r+b" if write else "rb") as f:
+            mm = _mmap(f.fileno(), n, write)  # it holds its own descriptor
+        t = _as_tensor(mm, meta)
+        with self._lock:
+            if key in self._maps:  # mapped meanwhile by another thread: keep one
+                self._drop(key)
+            self._maps[key] = (mm, n, {meta: t})
             self._bytes += n
             while self._bytes > self.limit or len(self._maps) > self.entries:
                 self._drop(next(iter(self._maps)))
-        return _as_tensor(mm, meta)
+        return t
 
     def _drop(self, key) -> None:
-        fd, mm = self._maps.pop(key)
-        self._bytes -= key[1]
-        os.close(fd)
+        _, n, _ = self._maps.pop(key)
+        self._bytes -= n
         # tensors still using the map keep it alive; it is unmapped when the last one goes
-        del mm
 
-    def sweep(self) -> None:
-        """Forget mappings of files that were deleted (their memory goes once no tensor uses it)."""
+    def sweep(self, epoch: Any = None) -> None:
+        """Forget mappings of files that were deleted (their memory goes once no tensor uses it).
+        ``epoch``: the store's (``StateStore.epoch``); nothing to look at if it has not changed."""
         with self._lock:
-            for key in [k for k, (fd, _) in self._maps.items() if os.fstat(fd).st_nlink == 0]:
+            if epoch is not None and epoch == self._epoch:
+                return
+            self._epoch = epoch
+            for key in [k for k in self._maps if not os.path.exists(k[0])]:
                 self._drop(key)
 
     def clear(self) -> None:
@@ -141,7 +168,7 @@ def assemble(item: ReadItem, maps: HostMaps | None = None) -> torch.Tensor:
 
 # Calls that may simply be repeated against a restarted StateManager (it recovers what was
 # materialized); any other call that meets a dead manager fails, and its caller starts over.
-_RETRY_AFTER_RESTART = frozenset({"plan_read", "keys", "has_model", "stats", "record", "set_resident",
+_RETRY_AFTER_RESTART = frozenset({"endpoint", "plan_read", "keys", "has_model", "stats", "record", "set_resident",
                                   "register_model", "estimate_load_seconds"})
 
 
@@ -150,44 +177,67 @@ class StateClient:
     actor (called again, to reach a restarted manager, when the one it had died)."""
 
     def __init__(self, manager: Any, wpg: str):
+        from engine.state.fastpath import Connections
+
         self._connect = manager if callable(manager) and not isinstance(manager, StateStore) else None
         self.manager = manager if self._connect is None else self._connect()
+        self.local = isinstance(self.manager, StateStore)
+        # the node-local socket for the calls on a swap's path (the actor is the fallback)
+        self._fast = Connections(lambda: self._ray_call("endpoint"))
         self.wpg = wpg
         self._pool: ThreadPoolExecutor | None = None
         self._staged: dict[str, tuple[int, Future]] = {}
         self._lock = threading.Lock()
         self.maps = HostMaps()
-        self._pending: list = []  # answers of ``send`` calls not yet waited for
 
-    def call(self, method: str, *args, **kwargs) -> Any:
-        if isinstance(self.manager, StateStore):
-            return getattr(self.manager, method)(*args, **kwargs)
+    def call(self, method: str, *args) -> Any:
+        if self.local:
+            return getattr(self.manager, method)(*args)
+        from engine.state.fastpath import Closed
+        from engine.state.manager import FAST_METHODS
+
+        if method in FAST_METHODS:
+            try:
+                return self._fast.call(method, args)
+            except Closed:
+                # the socket failed: the actor says whether the manager died (and reconnects)
+                self._fast.reset()
+        return self._ray_call(method, *args)
+
+    def _ray_call(self, method: str, *args) -> Any:
         import ray
         from ray.exceptions import RayActorError
 
         try:
-            with self._lock:
-                pending, self._pending = self._pending, []
-            if pending:
-                ray.get(pending)
-            return ray.get(getattr(self.manager, method).remote(*args, **kwargs))
+            return ray.get(getattr(self.manager, method).remote(*args))
         except RayActorError:
             if self._connect is None:
                 raise
             self.manager = self._connect()
+            self._fast.reset()  # the new manager has a socket of its own
             if method not in _RETRY_AFTER_RESTART:
                 raise
-            return ray.get(getattr(self.manager, method).remote(*args, **kwargs))
+            return ray.get(getattr(self.manager, method).remote(*args))
 
-    def send(self, method: str, *args) -> None:
-        """A call nobody waits for now (unpinning after a read): one round trip less on the swap's
-        path. The next ``call`` waits for it first, so this client's calls keep their order."""
-        if isinstance(self.manager, StateStore):
-            getattr(self.manager, method)(*args)
+    def plan(self, model: str, wants: Sequence[Key]) -> tuple[str, list[ReadItem]]:
+        """The manager's ``plan_read`` (in the wire format when it is an actor); this rank's kept
+        mappings of deleted files are dropped on the way. ``done_read(token)`` must follow."""
+        if self.local:
+            token, items, epoch = self.manager.plan_read(model, list(wants))
         else:
-            ref = getattr(self.manager, method).remote(*args)
-            with self._lock:
-                self._pending.append(ref)
+            token, rows, epoch = self.call("plan_read", model, keys_to_wire(wants))
+            items = items_from_wire(rows)
+        self.maps.sweep(epoch)
+        return token, items
+
+    def _reserve(self, model, writes, kept, remove) -> tuple[str, list[str | None]]:
+        if self.local:
+            token, paths, epoch = self.manager.reserve(model, writes, kept, remove)
+        else:
+            kept = [(name, shard_to_wire(shard), blob) for name, shard, blob in kept]
+            token, paths, epoch = self.call("reserve", model, writes_to_wire(writes), kept, keys_to_wire(remove))
+        self.maps.sweep(epoch)
+        return token, paths
 
     # -- device -> host --------------------------------------------------------------------------
     def write(
@@ -200,8 +250,7 @@ class StateClient:
         items = list(tensors.items())
         writes = [(name, shard, TensorMeta.of(t)) for (name, shard), t in items]
         kept = [(name, shard, blob) for (name, shard), blob in (keeps or {}).items()]
-        self.maps.sweep()
-        token, paths = self.call("reserve", model, writes, kept, list(remove))
+        token, paths = self._reserve(model, writes, kept, remove)
         nbytes = 0
         try:
             for path, (_, t), (_, _, meta) in zip(paths, items, writes, strict=True):
@@ -223,8 +272,7 @@ class StateClient:
         dtype must match), else into new tensors on ``device``. Returns the tensors and, for keys
         read from exactly their own blob, that blob (a later ``write`` may keep it if unchanged)."""
         started = time.perf_counter()
-        self.maps.sweep()
-        token, items = self.call("plan_read", model, list(wants))
+        token, items = self.plan(model, wants)
         out: dict[Key, torch.Tensor] = {}
         clean: dict[Key, str] = {}
         nbytes = 0
@@ -248,7 +296,7 @@ class StateClient:
                     clean[key] = item.pieces[0].blob
             record = (model, nbytes, time.perf_counter() - started)
         finally:
-            self.send("done_read", token, record)
+            self.call("done_read", token, record)
         return out, clean
 
     def submit(self, fn, *args) -> Future:

@@ -14,16 +14,36 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from engine.state.store import StateStore, default_host_dir
+from engine.state.store import (
+    StateStore,
+    default_host_dir,
+    items_to_wire,
+    keys_from_wire,
+    writes_from_wire,
+)
+from engine.workers.layout import ShardSpec
 
 NAME = "state:{node}"
+
+
+#: the calls on a swap's path, served over the node-local socket too (``engine.state.fastpath``)
+FAST_METHODS = frozenset({"plan_read", "done_read", "reserve", "commit", "abort", "record", "set_resident"})
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
 class StateManager:
     def __init__(self, root: str, host_dir: str, host_budget: int | None = None):
-        self.store = StateStore(Path(root), Path(host_dir), host_budget)
+        import os
 
+        from engine.state.fastpath import Server
+
+        self.store = StateStore(Path(root), Path(host_dir), host_budget)
+        # one socket per manager process: a restarted manager never answers on its predecessor's
+        self.fast = Server(f"{host_dir}-{os.getpid()}.sock", self, FAST_METHODS)
+
+    def endpoint(self) -> str:
+        """The path of the socket that serves ``FAST_METHODS`` on this node."""
+        return self.fast.path
 
     def register_model(self, model, folder):
         return self.store.register_model(model, Path(folder))
@@ -37,14 +57,17 @@ class StateManager:
     def keys(self, model):
         return self.store.keys(model)
 
+    # plan_read and reserve speak the wire format (``engine.state.store``): they are on every swap's path
     def plan_read(self, model, wants):
-        return self.store.plan_read(model, wants)
+        token, items, epoch = self.store.plan_read(model, keys_from_wire(wants))
+        return token, items_to_wire(items), epoch
 
     def done_read(self, token, record=None):
         return self.store.done_read(token, record)
 
     def reserve(self, model, writes, keeps=(), remove=()):
-        return self.store.reserve(model, writes, keeps, remove)
+        keeps = [(name, ShardSpec(*shard), blob) for name, shard, blob in keeps]
+        return self.store.reserve(model, writes_from_wire(writes), keeps, keys_from_wire(remove))
 
     def commit(self, token, seconds=None):
         return self.store.commit(token, seconds)
@@ -55,7 +78,7 @@ class StateManager:
     def load(self, model: str) -> dict[str, Any]:
         """disk -> host for every blob of ``model`` (the first half of a load; a WPG rank does
         host -> device). Returns the model's bytes."""
-        token, items = self.store.plan_read(model, list(self.store.keys(model)))
+        token, items, _ = self.store.plan_read(model, list(self.store.keys(model)))
         self.store.done_read(token)
         return {"tensors": len(items), "bytes": sum(p.meta.nbytes for i in items for p in i.pieces)}
 
@@ -85,6 +108,7 @@ class StateManager:
         return self.store.stats()
 
     def close(self) -> None:
+        self.fast.close()
         self.store.close()
 
     def pid(self) -> int:

@@ -24,8 +24,11 @@ changes happen under one lock; disk reads and writes happen outside it on pinned
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import json
+import math
 import mmap
 import os
 import shutil
@@ -36,9 +39,9 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import torch
@@ -66,14 +69,11 @@ class TensorMeta:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)
+        return _torch_dtype(self.dtype)
 
     @property
     def nbytes(self) -> int:
-        n = self.torch_dtype.itemsize
-        for d in self.shape:
-            n *= d
-        return n
+        return _torch_dtype(self.dtype).itemsize * math.prod(self.shape)
 
     @classmethod
     def of(cls, t: torch.Tensor) -> TensorMeta:
@@ -81,6 +81,20 @@ class TensorMeta:
 
     def describe(self) -> str:
         return f"{self.dtype}{list(self.shape)}"
+
+
+_DTYPES: dict[str, torch.dtype] = {}
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    """``torch.<name>``, looked up once per name (a swap asks for it per tensor)."""
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        dtype = getattr(torch, name)
+        if not isinstance(dtype, torch.dtype):
+            raise Mismatch(f"{name!r} is not a torch dtype")
+        _DTYPES[name] = dtype
+    return dtype
 
 
 class StateError(Exception):
@@ -134,17 +148,18 @@ class Blob:
     meta: TensorMeta
     refs: int = 0  # keys pointing at it
     host: str = ABSENT
-    event: threading.Event = field(default_factory=threading.Event)  # set while not LOADING/WRITING
+    file: str | None = None  # its host file while LOADING, WRITING or READY (None for 0 bytes)
     disk: DiskLoc | None = None
     used: int = 0  # logical clock of the last read or write (eviction order)
     pins: int = 0  # readers between plan and done, writers between reserve and commit
 
-    def __post_init__(self):
-        self.event.set()
+    @property
+    def busy(self) -> bool:
+        """Being loaded or written: readers of its bytes wait (``StateStore._settled``)."""
+        return self.host in (LOADING, WRITING)
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):  # named tuples: a swap's plan builds hundreds, quickly
     """One stored slice a reader copies from: a host file (``path``; None for an empty tensor)."""
 
     blob: str
@@ -153,8 +168,7 @@ class Piece:
     shard: ShardSpec
 
 
-@dataclass(frozen=True)
-class ReadItem:
+class ReadItem(NamedTuple):
     name: str
     shard: ShardSpec  # the slice the reader asked for
     pieces: tuple[Piece, ...]  # the stored slices that cover it
@@ -167,6 +181,57 @@ class _Reservation:
     new_blobs: list[str]
     remove: list[StateKey]
     pinned: list[str]
+
+
+# -- the wire format between ranks and the StateManager actor ----------------------------------
+# Plain tuples, strings and ints: Ray pickles those in C, while every dataclass instance costs it a
+# Python call (a swap's plan of ~100 tensors took 7 ms to send as dataclasses). Only the calls on
+# a swap's path use it (``StateManager.plan_read`` / ``reserve``, ``StateClient``).
+
+WireShard = tuple  # (dim, index, count)
+
+
+def shard_to_wire(s: ShardSpec) -> WireShard:
+    return s.dim, s.index, s.count
+
+
+def keys_to_wire(keys: Iterable[tuple[str, ShardSpec]]) -> list[tuple[str, WireShard]]:
+    return [(name, (s.dim, s.index, s.count)) for name, s in keys]
+
+
+def keys_from_wire(rows: Iterable[tuple[str, WireShard]]) -> list[tuple[str, ShardSpec]]:
+    return [(name, _shard(*s)) for name, s in rows]
+
+
+def writes_to_wire(writes: Iterable[tuple[str, ShardSpec, TensorMeta]]) -> list[tuple]:
+    return [(name, shard_to_wire(s), m.dtype, m.shape) for name, s, m in writes]
+
+
+@functools.lru_cache(maxsize=4096)
+def _shard(dim: int | None, index: int, count: int) -> ShardSpec:
+    return ShardSpec(dim, index, count)  # immutable and few: one object each, built once
+
+
+@functools.lru_cache(maxsize=65536)
+def _meta(dtype: str, shape: tuple[int, ...]) -> TensorMeta:
+    return TensorMeta(dtype, shape)  # a model's layers share their shapes
+
+
+def writes_from_wire(rows: Iterable[tuple]) -> list[tuple[str, ShardSpec, TensorMeta]]:
+    return [(name, _shard(*s), _meta(dtype, tuple(shape))) for name, s, dtype, shape in rows]
+
+
+def items_to_wire(items: Iterable[ReadItem]) -> list[tuple]:
+    return [(i.name, shard_to_wire(i.shard),
+             tuple((p.blob, p.path, p.meta.dtype, p.meta.shape, shard_to_wire(p.shard)) for p in i.pieces))
+            for i in items]
+
+
+def items_from_wire(rows: Iterable[tuple]) -> list[ReadItem]:
+    return [ReadItem(name, _shard(*shard),
+                     tuple(Piece(blob, path, _meta(dtype, tuple(shape)), _shard(*ps))
+                           for blob, path, dtype, shape, ps in pieces))
+            for name, shard, pieces in rows]
 
 
 def safetensors_index(path: Path) -> dict[str, tuple[TensorMeta, int]]:
@@ -254,14 +319,21 @@ class StateStore:
         self.host_dir = Path(host_dir)
         self.host_budget = default_host_budget() if host_budget is None else int(host_budget)
         self._lock = threading.Lock()
+        self._settle = threading.Condition(self._lock)  # notified when a blob stops being busy
         self._clock = 0
+        # Host files are named once and keep their name for life (a freed blob's file goes to the
+        # pool under the same name): a rank's kept mappings are found by name without a stat, and
+        # a name is never given to another file, this store instance's prefix included.
+        self._instance = uuid.uuid4().hex[:12]
+        self._names = itertools.count()
+        self.unlinks = 0  # host files deleted so far: a rank drops its mappings when it changes
         self.blobs: dict[str, Blob] = {}
         self.models: dict[str, dict[tuple[str, ShardSpec], str]] = {}  # model -> (name, shard) -> blob
         self.host_bytes = 0  # READY + WRITING + LOADING blobs (reserved bytes count at once)
         # Host files of freed blobs, by size, kept for the next blob of that size: a job swapped
         # out again writes into pages that are already mapped in, instead of faulting in and
         # zeroing fresh ones. They count against the budget and are the first thing evicted.
-        self.pool: dict[int, list[Path]] = defaultdict(list)
+        self.pool: dict[int, list[str]] = defaultdict(list)
         self.pool_bytes = 0
         self.soon: set[str] = set()  # models a prefetch hint says are needed next
         self.resident: dict[str, dict[str, int]] = defaultdict(dict)  # wpg -> model -> bytes
@@ -280,8 +352,19 @@ class StateStore:
         self._clock += 1
         blob.used = self._clock
 
-    def _host_path(self, blob_id: str) -> Path:
-        return self.host_dir / blob_id
+    @property
+    def epoch(self) -> tuple[str, int]:
+        """Changes whenever a host file is deleted (or the store restarts): a rank whose kept
+        mappings are of an older epoch looks for mappings of deleted files (``HostMaps.sweep``)."""
+        return self._instance, self.unlinks
+
+    def _new_name(self) -> str:
+        return f"{self._instance}-{next(self._names)}"
+
+    def _settled(self, blobs: Iterable[Blob]) -> None:
+        """Wait (with the lock held) until none of ``blobs`` is being loaded or written."""
+        blobs = list(blobs)
+        self._settle.wait_for(lambda: not any(b.busy for b in blobs))
 
     def _keys_of(self, model: str) -> dict[tuple[str, ShardSpec], str]:
         try:
@@ -307,25 +390,35 @@ class StateStore:
         if blob.refs == 0 and blob.pins == 0:
             self._free(blob)
 
-    def _new_host_file(self, blob: Blob) -> Path:
-        """The host file of a blob about to be written: a pooled file of its size, else a new one."""
-        path, n = self._host_path(blob.id), blob.meta.nbytes
-        if n and self.pool[n]:
-            os.replace(self.pool[n].pop(), path)
+    def _new_host_file(self, blob: Blob) -> str | None:
+        """Give a blob about to be written a host file: a pooled file of its size, else a new one
+        (an empty tensor has none)."""
+        n = blob.meta.nbytes
+        if not n:
+            path = None
+        elif self.pool[n]:
+            path = self.pool[n].pop()
             self.pool_bytes -= n
         else:
+            path = str(self.host_dir / self._new_name())
             with open(path, "wb") as f:
                 f.truncate(n)
+        blob.file = path
         return path
 
     def _drop_host_file(self, blob: Blob) -> None:
+        """A blob leaves the host tier: its file (same name) waits in the pool for the next blob
+        of its size."""
         n = blob.meta.nbytes
-        if n:
-            spare = self.host_dir / f"pool-{uuid.uuid4().hex}"
-            os.replace(self._host_path(blob.id), spare)
-            self.pool[n].append(spare)
+        if blob.file is not None:
+            self.pool[n].append(blob.file)
             self.pool_bytes += n
+            blob.file = None
         self.host_bytes -= n
+
+    def _unlink(self, path: str) -> None:
+        os.unlink(path)
+        self.unlinks += 1
 
     def _free(self, blob: Blob) -> None:
         if blob.host in (READY, WRITING):
@@ -432,10 +525,13 @@ class StateStore:
             return [(p, stored[p]) for p in parts]
         raise UnknownKey(f"model {model!r} has no complete set of shards of {name!r}")
 
-    def plan_read(self, model: str, wants: Sequence[tuple[str, ShardSpec]]) -> tuple[str, list[ReadItem]]:
+    def plan_read(
+        self, model: str, wants: Sequence[tuple[str, ShardSpec]],
+    ) -> tuple[str, list[ReadItem], tuple[str, int]]:
         """Make the stored slices that cover ``wants`` present in the host tier (loading them from
         disk, evicting others if the budget needs it) and pin them until ``done_read(token)``.
-        Returns ``(token, items)``; the reader maps each piece's host file and copies from it."""
+        Returns ``(token, items, epoch)``; the reader maps each piece's host file and copies from
+        it (``epoch``: see ``StateStore.epoch``)."""
         with self._lock:
             keys = self._keys_of(model)
             index: dict[str, dict[ShardSpec, str]] = defaultdict(dict)
@@ -453,9 +549,8 @@ class StateStore:
                 raise
             for blob in to_load:
                 blob.host = LOADING
-                blob.event.clear()
                 self.host_bytes += blob.meta.nbytes
-            waits = [self.blobs[b] for b in needed if self.blobs[b].host in (LOADING, WRITING)]
+            waits = [self.blobs[b] for b in needed if self.blobs[b].busy]
         started, loaded = time.perf_counter(), 0
         try:
             for blob in to_load:
@@ -465,31 +560,31 @@ class StateStore:
             with self._lock:
                 for blob in to_load:
                     if blob.host == LOADING:
-                        if self._host_path(blob.id).exists():
-                            self._drop_host_file(blob)
-                        else:
-                            self.host_bytes -= blob.meta.nbytes
+                        self._drop_host_file(blob)  # its file (if it got one) goes to the pool
                         blob.host = ABSENT
-                        blob.event.set()
+                self._settle.notify_all()
                 self._unpin(needed)
             raise
         if to_load:
             self.record(model, "disk->host", loaded, time.perf_counter() - started)
-        for blob in waits:
-            blob.event.wait()
         with self._lock:
+            self._settled(waits)
+            failed = [b for b in waits if b.host != READY]  # another reader's load failed
+            if failed:
+                self._unpin(needed)
+                raise StateError(f"{model}: blob {failed[0].id} could not be loaded from disk; "
+                                 "read again to retry")
             items = []
             for name, want, parts in covering:
                 pieces = []
                 for shard, b in parts:
                     blob = self.blobs[b]
                     self._tick(blob)
-                    path = str(self._host_path(b)) if blob.meta.nbytes else None
-                    pieces.append(Piece(b, path, blob.meta, shard))
+                    pieces.append(Piece(b, blob.file, blob.meta, shard))
                 items.append(ReadItem(name, want, tuple(pieces)))
             token = uuid.uuid4().hex
             self._reads[token] = needed
-            return token, items
+            return token, items, self.epoch
 
     def _load_from_disk(self, blob: Blob) -> None:
         if blob.disk is None:
@@ -514,7 +609,7 @@ class StateStore:
                 mm.close()
         with self._lock:
             blob.host = READY
-            blob.event.set()
+            self._settle.notify_all()
 
     def done_read(self, token: str, record: tuple[str, int, float] | None = None) -> None:
         """Unpin what ``plan_read`` pinned; ``record``: ``(model, bytes, seconds)`` the reader
@@ -528,9 +623,9 @@ class StateStore:
     def reserve(
         self, model: str, writes: Sequence[tuple[str, ShardSpec, TensorMeta]],
         keeps: Sequence[tuple[str, ShardSpec, str]] = (), remove: Sequence[tuple[str, ShardSpec]] = (),
-    ) -> tuple[str, list[str | None]]:
+    ) -> tuple[str, list[str | None], tuple[str, int]]:
         """Start writing part of ``model``'s state: ``writes`` get new host files (their paths are
-        returned, in order; None for an empty tensor), ``keeps`` re-point keys to blobs the writer
+        returned, in order, then the ``epoch``; None for an empty tensor), ``keeps`` re-point keys to blobs the writer
         read and did not change (no bytes move), ``remove`` deletes keys. Nothing is visible until
         ``commit(token)``; ``abort(token)`` undoes the reservation."""
         for name, _, meta in writes:
@@ -548,13 +643,11 @@ class StateStore:
             self._make_room(size, protect={b for _, _, b in keeps})
             entries, new_blobs, paths = [], [], []
             for name, shard, meta in writes:
-                blob = Blob("u-" + uuid.uuid4().hex, meta, host=WRITING, pins=1)
-                blob.event.clear()
+                blob = Blob("u-" + self._new_name(), meta, host=WRITING, pins=1)
                 self.blobs[blob.id] = blob
                 new_blobs.append(blob.id)
                 entries.append((StateKey(model, name, shard), blob.id))
-                path = self._new_host_file(blob)
-                paths.append(str(path) if meta.nbytes else None)
+                paths.append(self._new_host_file(blob))
             self.host_bytes += size
             pinned = []
             for name, shard, blob_id in keeps:
@@ -564,7 +657,7 @@ class StateStore:
             token = uuid.uuid4().hex
             self._reservations[token] = _Reservation(model, entries, new_blobs,
                                                      [StateKey(model, n, s) for n, s in remove], pinned)
-            return token, paths
+            return token, paths, self.epoch
 
     def commit(self, token: str, seconds: float | None = None) -> None:
         """Make a reservation's keys point at what was written. A key of another layout of the
@@ -580,8 +673,8 @@ class StateStore:
             for b in res.new_blobs:
                 blob = self.blobs[b]
                 blob.host = READY
-                blob.event.set()
                 self._tick(blob)
+            self._settle.notify_all()
             keys = self.models.setdefault(res.model, {})
             for key in res.remove:
                 if (key.name, key.shard) in keys:
@@ -622,7 +715,7 @@ class StateStore:
             )
         for size, files in self.pool.items():  # spare files cost nothing to drop
             while files and free < nbytes:
-                files.pop().unlink(missing_ok=True)
+                self._unlink(files.pop())
                 self.pool_bytes -= size
                 free += size
         candidates.sort(key=lambda b: (b.disk is None, b.id in soon_blobs, b.used))
@@ -631,7 +724,8 @@ class StateStore:
                 break
             if blob.disk is None:
                 self._write_blob_file(blob)
-            self._host_path(blob.id).unlink(missing_ok=True)  # not pooled: room is what is short
+            self._unlink(blob.file)  # not pooled: room is what is short
+            blob.file = None
             blob.host = ABSENT
             self.host_bytes -= blob.meta.nbytes
             free += blob.meta.nbytes
@@ -647,7 +741,7 @@ class StateStore:
         path = self.root / "blobs" / f"{blob.id}.safetensors"
         n = blob.meta.nbytes
         if n:
-            mm = _map_file(self._host_path(blob.id), n, write=False)
+            mm = _map_file(blob.file, n, write=False)
             try:
                 offset = _write_safetensors_blob(path, blob.meta, memoryview(mm))
             finally:
@@ -670,7 +764,8 @@ class StateStore:
         try:
             for b in ids:
                 blob = self.blobs[b]
-                blob.event.wait()
+                with self._lock:
+                    self._settled([blob])
                 if blob.disk is None:
                     written += self._write_blob_file(blob)
             manifest = {
@@ -750,6 +845,7 @@ class StateStore:
         """Remove the host tier's folder (shared memory outlives processes; disk state stays)."""
         with self._lock:
             shutil.rmtree(self.host_dir, ignore_errors=True)
+            self.unlinks += 1  # every host file is gone
             self.pool.clear()
             self.pool_bytes = 0
 

@@ -105,12 +105,16 @@ class TorchBackend(TrainingBackend):
 
     def _import_state(self, deployment, state, tensors):
         trainer = tensors[state.weights_id]
+        fields: dict[str, dict[str, torch.Tensor]] = {}  # parameter -> its optimizer state, by field
+        for (key, _), t in trainer.items():
+            name, _, field = key.partition("::")
+            if field and field != "grad":
+                fields.setdefault(name, {})[field] = t
         for name, p in state.model.named_parameters():
             p.data = trainer[(name, WHOLE)]
             p.grad = trainer.get((f"{name}::grad", WHOLE))
             if state.optimizer is not None:
-                moments = {k.split("::", 1)[1]: t for (k, _), t in trainer.items() if k.startswith(f"{name}::")}
-                moments.pop("grad", None)
+                moments = fields.get(name, {})
                 if "step" in moments:  # AdamW keeps its step counts on the CPU
                     moments["step"] = moments["step"].cpu()
                 if moments:

@@ -263,8 +263,7 @@ class VllmBackend(Backend):
 
         client, model = self.state_client, state_id(deployment, "rollout")
         started = time.perf_counter()
-        client.maps.sweep()
-        token, items = client.call("plan_read", model, [(name, WHOLE) for name in state.metas])
+        token, items = client.plan(model, [(name, WHOLE) for name in state.metas])
         record = None
         try:
             self._reload((item.name, assemble(item, client.maps)) for item in items)

@@ -38,7 +38,8 @@ def _store(tmp_path, budget: int | None = 1 << 30) -> StateStore:
 
 def _host_files(store: StateStore) -> set[str]:
     """The host tier's blob files (spare files kept for reuse are not state)."""
-    return {p.name for p in store.host_dir.iterdir() if not p.name.startswith("pool-")}
+    spare = {Path(f).name for files in store.pool.values() for f in files}
+    return {p.name for p in store.host_dir.iterdir()} - spare
 
 
 def _all(store: StateStore, model: str) -> list[tuple[str, ShardSpec]]:
@@ -281,18 +282,42 @@ def test_tensor_meta_describes_dtype_and_shape():
 def test_a_rank_keeps_mappings_of_reused_files_and_drops_deleted_ones(tmp_path):
     store = _store(tmp_path)
     client = StateClient(store, "wpg")
-    big = 64 * 1024  # floats: 256 KiB, above the size mappings are kept for
     for value in (1.0, 2.0, 3.0):  # the third write lands in the first one's (pooled) file
-        client.write("job/policy", {("w", WHOLE): torch.full((big,), value)})
+        client.write("job/policy", {("w", WHOLE): torch.full((1000,), value)})
     out, _ = client.read("job/policy", [("w", WHOLE)])
-    assert torch.equal(out[("w", WHOLE)], torch.full((big,), 3.0))
+    assert torch.equal(out[("w", WHOLE)], torch.full((1000,), 3.0))
     kept = dict(client.maps._maps)
-    assert {write for (_, _, write) in kept} == {True, False}
-    assert len({ino for (ino, _, _) in kept}) == 2  # two files served three writes and a read
+    assert {write for (_, write) in kept} == {True, False}
+    assert len({path for (path, _) in kept}) == 2  # two files served three writes and a read
+    client.maps.sweep(store.epoch)  # nothing was deleted: the mappings stay
+    assert client.maps._maps.keys() == kept.keys()
     store.drop("job/policy")
-    store.close()  # the files are deleted: a sweep lets go of their mappings
-    client.maps.sweep()
+    store.close()  # the files are deleted, and the epoch says so: a sweep lets go of their mappings
+    client.maps.sweep(store.epoch)
     assert not client.maps._maps
+
+
+def test_swapping_the_same_state_again_maps_no_file(tmp_path, monkeypatch):
+    """A swap maps one file per tensor; the norms and biases are small, but there are many. After
+    a first round trip, writing and reading the state again (its files come back from the pool
+    under their names) must find every mapping kept: mapping a file costs as much as copying it."""
+    import engine.state.client as state_client
+
+    store = _store(tmp_path)
+    client = StateClient(store, "wpg")
+    state = {(f"layer.{i}.norm", WHOLE): torch.full((64,), float(i)) for i in range(8)}
+    state[("embed", WHOLE)] = torch.ones(4096, 64)
+    into = {k: torch.empty_like(t) for k, t in state.items()}
+    for _ in range(2):  # the second write gets the first one's files back from the pool
+        client.write("job/policy", state)
+        client.read("job/policy", list(state), into=into)
+    maps = []
+    real = state_client._mmap
+    monkeypatch.setattr(state_client, "_mmap", lambda *a: maps.append(a) or real(*a))
+    client.write("job/policy", {k: t + 1 for k, t in state.items()})
+    client.read("job/policy", list(state), into=into)
+    assert maps == []
+    assert all(torch.equal(into[k], t + 1) for k, t in state.items())
 
 
 def test_reading_a_kept_mapping_again_opens_no_descriptor(tmp_path):

@@ -1,0 +1,147 @@
+"""A swap's calls to the StateManager over a Unix socket on the node, beside its Ray actor.
+
+A swap asks the manager twice (``plan_read`` then ``done_read``, or ``reserve`` then ``commit``)
+and each Ray actor call costs a millisecond or more on a small node, as much as copying 10 MB. The
+manager therefore also answers the calls on a swap's path over a Unix socket: one thread per
+connection, length-prefixed pickles, the same methods as the actor (so the same wire format and
+the same store, under its lock). The actor stays the manager's identity and lifecycle: ranks find
+it by name, learn the socket's path from it (``endpoint``), and fall back to it whenever the
+socket fails (a restarted manager has a new socket).
+
+Only processes of the node's user can connect: the socket is created mode 0600 in the host tier's
+per-user folder. Pickle is what Ray's own calls carry between these same processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+import struct
+import threading
+from collections.abc import Callable, Collection
+from typing import Any
+
+_HEADER = struct.Struct("<Q")
+
+
+class Closed(ConnectionError):
+    """The connection to the manager broke (it died, or restarted with a new socket)."""
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise Closed("the StateManager closed the connection")
+        got += k
+    return bytes(buf)
+
+
+def _send(sock: socket.socket, obj: Any) -> None:
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(_HEADER.pack(len(payload)) + payload)
+
+
+def _recv(sock: socket.socket) -> Any:
+    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
+    return pickle.loads(_recv_exact(sock, n))  # noqa: S301 - a 0600 socket of this user (module doc)
+
+
+class Server:
+    """Serves ``methods`` of ``target`` on a Unix socket at ``path`` (daemon threads)."""
+
+    def __init__(self, path: str, target: Any, methods: Collection[str]):
+        self.path, self.target, self.methods = path, target, frozenset(methods)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # created 0600: no window in which another user could connect
+        try:
+            self._sock.bind(path)
+        finally:
+            os.umask(old)
+        self._sock.listen(64)
+        threading.Thread(target=self._accept, name="state-fastpath", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn,), name="state-fastpath-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            while True:
+                try:
+                    method, args = _recv(conn)
+                except (Closed, OSError):
+                    return
+                try:
+                    if method not in self.methods:
+                        raise AttributeError(f"the StateManager's socket does not serve {method!r}")
+                    reply = (True, getattr(self.target, method)(*args))
+                except Exception as exc:  # the caller re-raises it
+                    reply = (False, exc)
+                try:
+                    _send(conn, reply)
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+class Connections:
+    """A client's connections to one manager's socket: one per thread (a rank's prefetch thread
+    and its main thread call concurrently). ``endpoint()`` gives the socket's path (asking the
+    actor); ``reset()`` forgets it, after a failure or when the manager was replaced."""
+
+    def __init__(self, endpoint: Callable[[], str | None]):
+        self._endpoint_of = endpoint
+        self._endpoint: str | None = None
+        self._known = False
+        self._local = threading.local()
+
+    def reset(self) -> None:
+        self._known = False
+        self._endpoint = None
+
+    def call(self, method: str, args: tuple) -> Any:
+        """The method's answer; raises what it raised, or ``Closed`` when the socket failed (the
+        call may or may not have run) or there is none."""
+        if not self._known:
+            self._endpoint, self._known = self._endpoint_of(), True
+        path = self._endpoint
+        if path is None:
+            raise Closed("the StateManager serves no socket")
+        sock = getattr(self._local, "sock", None)
+        if sock is None or self._local.path != path:
+            if sock is not None:
+                sock.close()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(path)
+            except OSError as exc:
+                sock.close()
+                self._local.sock = None
+                raise Closed(f"cannot reach the StateManager's socket: {exc}") from exc
+            self._local.sock, self._local.path = sock, path
+        try:
+            _send(sock, (method, args))
+            ok, value = _recv(sock)
+        except (Closed, OSError) as exc:
+            sock.close()
+            self._local.sock = None
+            raise Closed(str(exc)) from exc
+        if not ok:
+            raise value
+        return value
