@@ -24,6 +24,7 @@ changes happen under one lock; disk reads and writes happen outside it on pinned
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import itertools
@@ -292,6 +293,53 @@ def _map_file(path: str | Path, size: int, *, write: bool) -> mmap.mmap:
         return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_WRITE if write else mmap.ACCESS_READ)
 
 
+def _lock_path(host_dir: Path) -> Path:
+    return host_dir.with_name(host_dir.name + ".lock")
+
+
+def _lock_host_dir(host_dir: Path) -> int | None:
+    """Hold ``<host_dir>.lock`` (an flock) while this store lives: the kernel lets go of it when
+    the process dies, however it dies, which tells a later store the folder is garbage. Returns
+    the descriptor, or None if another live store holds it (a test's second store on one folder)."""
+    lock = _lock_path(host_dir)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # a sweep removed the file between our open and lock: take the new one
+
+
+def _remove_stale_host_dirs(parent: Path) -> None:
+    """Shared memory outlives processes: remove the host folders (and sockets) of stores whose
+    process died without ``close`` (killed, out of memory, a Ray session torn down). Only folders
+    with a lock file are considered; one is stale when nobody holds its lock."""
+    for lock in parent.glob("*.lock"):
+        folder = lock.with_name(lock.name.removesuffix(".lock"))
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except FileNotFoundError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # alive
+            shutil.rmtree(folder, ignore_errors=True)
+            for sock in parent.glob(f"{folder.name}-*.sock"):
+                sock.unlink(missing_ok=True)
+            lock.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+
 def default_host_dir(node: str = "local") -> Path:
     shm = Path("/dev/shm")  # noqa: S108 - the node's shared memory, in a folder of this user
     base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
@@ -343,6 +391,11 @@ class StateStore:
         self._reads: dict[str, list[str]] = {}
         for sub in ("blobs", "manifests"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.host_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._host_lock = _lock_host_dir(self.host_dir)
+        _remove_stale_host_dirs(self.host_dir.parent)
+        for sock in self.host_dir.parent.glob(f"{self.host_dir.name}-*.sock"):  # a dead predecessor's
+            sock.unlink(missing_ok=True)
         shutil.rmtree(self.host_dir, ignore_errors=True)  # the host tier is volatile: never trusted
         self.host_dir.mkdir(parents=True, exist_ok=True)
         self._recover()
@@ -848,6 +901,10 @@ class StateStore:
             self.unlinks += 1  # every host file is gone
             self.pool.clear()
             self.pool_bytes = 0
+            if self._host_lock is not None:
+                _lock_path(self.host_dir).unlink(missing_ok=True)
+                os.close(self._host_lock)
+                self._host_lock = None
 
     # -- device tier bookkeeping and accounting --------------------------------------------------
     def set_resident(self, wpg: str, model: str, nbytes: int | None) -> None:

@@ -337,3 +337,44 @@ def test_reading_a_kept_mapping_again_opens_no_descriptor(tmp_path):
         assert torch.equal(again, first)
     assert len(os.listdir("/proc/self/fd")) == held
     maps.clear()
+
+
+def test_a_dead_stores_shared_memory_is_removed_by_the_next_store(tmp_path):
+    """Shared memory outlives processes: a StateManager killed without closing (out of memory,
+    kill -9, a torn-down Ray session) leaves its host folder behind. The next store on the node
+    removes it, and leaves a live store's folder alone."""
+    import signal
+    import subprocess
+    import sys
+
+    shm = tmp_path / "shm"
+    script = (
+        "import sys, torch\n"
+        "from pathlib import Path\n"
+        "from engine.state.client import StateClient\n"
+        "from engine.state.store import StateStore\n"
+        "from engine.workers.layout import WHOLE\n"
+        f"store = StateStore(Path({str(tmp_path / 'state-dead')!r}), Path({str(shm / 'dead')!r}))\n"
+        "StateClient(store, 'wpg').write('job/policy', {('w', WHOLE): torch.ones(1000)})\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    dead = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd=Path(__file__).resolve().parents[2])
+    try:
+        assert dead.stdout.readline().strip() == "ready"
+        live = StateStore(tmp_path / "state-live", shm / "live")
+        assert os.listdir(shm / "dead")  # its owner still runs: untouched
+        dead.send_signal(signal.SIGKILL)
+        dead.wait(timeout=30)
+        assert os.listdir(shm / "dead")  # killed: nothing cleaned up after it
+        StateStore(tmp_path / "state-next", shm / "next")
+        assert not (shm / "dead").exists()
+        assert not (shm / "dead.lock").exists()
+        assert (shm / "live").is_dir()  # alive: kept
+        live.close()
+        assert not (shm / "live").exists()
+        assert not (shm / "live.lock").exists()
+    finally:
+        dead.kill()
+        dead.wait(timeout=30)
