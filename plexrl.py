@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     _serving(demo)
     demo.add_argument("--exit-after-jobs", action="store_true",
                       help="stop once the demo jobs have ended: exit 0 if they all succeeded, 1 if not")
+    demo.add_argument("--steps", type=_steps, default=None,
+                      help="run each demo job for at most this many steps, a quicker look (default: 30-40 "
+                           "a job; applies to jobs the first run submits)")
     demo.set_defaults(func=_up)
     return parser
 
@@ -52,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _port(text: str) -> int:
     if not text.isdigit() or not 1 <= int(text) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return int(text)
+
+
+def _steps(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of steps")
     return int(text)
 
 
@@ -71,7 +80,7 @@ def _up(args: argparse.Namespace) -> int:
     embedded.install_signal_handlers()
     if args.command == "demo":
         code = embedded.demo(host=args.host, port=args.port, open_browser=not args.no_browser,
-                             exit_after_jobs=args.exit_after_jobs)
+                             exit_after_jobs=args.exit_after_jobs, steps=args.steps)
     else:
         code = embedded.up(host=args.host, port=args.port, open_browser=not args.no_browser)
     embedded.exit_within(code)

@@ -279,9 +279,10 @@ def demo_credentials() -> dict[str, str]:
     return saved
 
 
-def submit_demo_jobs() -> list[int]:
+def submit_demo_jobs(steps: int | None = None) -> list[int]:
     """The demo organization's jobs: the demo jobs, submitted on the first run only (a second run
-    shows the same ones, finished or resumed by the engine's logs)."""
+    shows the same ones, finished or resumed by the engine's logs). ``steps``: at most this many
+    steps a job (a quicker look; each job keeps its own count when that is fewer)."""
     from accounts.models import Organization, User
     from jobs import services
     from jobs.models import Job
@@ -291,8 +292,9 @@ def submit_demo_jobs() -> list[int]:
     if existing:
         return existing
     user = User.objects.get(username=DEMO_USER)
-    return [services.job_create(organization=organization, user=user, spec=job["spec"], name=job["name"]).pk
-            for job in DEMO_JOBS]
+    specs = [{**job["spec"], "steps": min(job["spec"]["steps"], steps or job["spec"]["steps"])} for job in DEMO_JOBS]
+    return [services.job_create(organization=organization, user=user, spec=spec, name=job["name"]).pk
+            for job, spec in zip(DEMO_JOBS, specs, strict=True)]
 
 
 def build_missing_presets(names: set[str]) -> None:
@@ -359,10 +361,10 @@ class DemoProgress(threading.Thread):
                 bar.close()
 
 
-def demo(*, host: str, port: int, open_browser: bool, exit_after_jobs: bool) -> int:
+def demo(*, host: str, port: int, open_browser: bool, exit_after_jobs: bool, steps: int | None = None) -> int:
     """``plexrl demo``: ``plexrl up`` plus a demo organization, its admin and the demo jobs, with
     their progress in the terminal. ``exit_after_jobs``: stop once the demo jobs have ended; 0 if
-    they all succeeded, 1 otherwise."""
+    they all succeeded, 1 otherwise. ``steps``: see ``submit_demo_jobs``."""
     setup_django()
     from django.conf import settings
 
@@ -373,7 +375,7 @@ def demo(*, host: str, port: int, open_browser: bool, exit_after_jobs: bool) -> 
     try:
         platform.start()
         credentials = demo_credentials()
-        job_ids = submit_demo_jobs()
+        job_ids = submit_demo_jobs(steps)
         progress = DemoProgress(job_ids, exit_when_done=exit_after_jobs)
 
         def ready() -> None:

@@ -149,3 +149,28 @@ def test_sigusr1_prints_every_threads_stack_and_ctrl_c_works_where_sigint_was_ig
         proc.kill()
         _, err = proc.communicate(timeout=30)
     assert "in waiting_here" in err, err
+
+
+@pytest.mark.parametrize("steps", ["0", "-2", "many"])
+def test_demo_steps_must_be_a_positive_number(steps):
+    plexrl = os.path.join(os.path.dirname(sys.executable), "plexrl")
+    done = subprocess.run([plexrl, "demo", "--no-browser", "--steps", steps], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "--steps" in lines[0]
+    assert "positive number of steps" in lines[0]
+
+
+@pytest.mark.django_db
+def test_demo_steps_cap_each_demo_job(settings, tmp_path):
+    from config import embedded
+    from jobs.models import Job
+
+    settings.PLEXRL_HOME = tmp_path  # where the demo's credentials are remembered
+    embedded.demo_credentials()
+    ids = embedded.submit_demo_jobs(steps=35)
+    steps = [Job.objects.get(pk=pk).spec["steps"] for pk in ids]
+    assert steps == [min(35, job["spec"]["steps"]) for job in embedded.DEMO_JOBS] == [35, 35, 35, 30]
+    assert embedded.submit_demo_jobs(steps=5) == ids  # a second run shows the same jobs
