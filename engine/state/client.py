@@ -166,10 +166,13 @@ def assemble(item: ReadItem, maps: HostMaps | None = None) -> torch.Tensor:
     return _narrow(t, item.shard)
 
 
+_RECONNECT_TRIES = 100  # 0.1 s apart
+
 # Calls that may simply be repeated against a restarted StateManager (it recovers what was
-# materialized); any other call that meets a dead manager fails, and its caller starts over.
-_RETRY_AFTER_RESTART = frozenset({"endpoint", "plan_read", "keys", "has_model", "stats", "record", "set_resident",
-                                  "register_model", "estimate_load_seconds"})
+# materialized; ``done_read`` of a plan the dead one made unpins nothing, its pins died with it);
+# any other call that meets a dead manager fails, and its caller starts over.
+_RETRY_AFTER_RESTART = frozenset({"endpoint", "plan_read", "done_read", "keys", "has_model", "stats", "record",
+                                  "set_resident", "register_model", "estimate_load_seconds"})
 
 
 class StateClient:
@@ -196,12 +199,14 @@ class StateClient:
         from engine.state.fastpath import Closed
         from engine.state.manager import FAST_METHODS
 
-        if method in FAST_METHODS:
+        if method in FAST_METHODS and self._fast.available:
             try:
                 return self._fast.call(method, args)
             except Closed:
-                # the socket failed: the actor says whether the manager died (and reconnects)
-                self._fast.reset()
+                # the socket failed: the actor says whether the manager died (and reconnects);
+                # a manager without a socket is not asked again
+                if self._fast.available:
+                    self._fast.reset()
         return self._ray_call(method, *args)
 
     def _ray_call(self, method: str, *args) -> Any:
@@ -213,11 +218,21 @@ class StateClient:
         except RayActorError:
             if self._connect is None:
                 raise
-            self.manager = self._connect()
             self._fast.reset()  # the new manager has a socket of its own
             if method not in _RETRY_AFTER_RESTART:
+                self.manager = self._connect()
                 raise
-            return ray.get(getattr(self.manager, method).remote(*args))
+        # A dead manager's name stays registered for a moment after its process is gone (its
+        # socket tells first): the lookup may hand back the dead one until Ray has noticed.
+        for attempt in range(_RECONNECT_TRIES):
+            self.manager = self._connect()
+            try:
+                return ray.get(getattr(self.manager, method).remote(*args))
+            except RayActorError:
+                if attempt == _RECONNECT_TRIES - 1:
+                    raise
+                time.sleep(0.1)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def plan(self, model: str, wants: Sequence[Key]) -> tuple[str, list[ReadItem]]:
         """The manager's ``plan_read`` (in the wire format when it is an actor); this rank's kept
@@ -320,7 +335,7 @@ class StateClient:
 
     def take(self, model: str, version: int = 0) -> tuple[dict[Key, torch.Tensor], dict[Key, str]] | None:
         """The prefetched tensors of ``model`` (waiting for them) if a prefetch of this ``version``
-        was started, else None (a read of an older version is dropped)."""
+        was started and succeeded, else None (a read of an older version is dropped)."""
         with self._lock:
             staged = self._staged.pop(model, None)
         if staged is None:
@@ -329,7 +344,10 @@ class StateClient:
         if tag != version:
             future.cancel()
             return None
-        return future.result()
+        try:
+            return future.result()
+        except Exception:  # a hint that failed (its manager died, say): the caller reads again
+            return None
 
     def discard(self, model: str) -> None:
         with self._lock:

@@ -56,6 +56,7 @@ class Server:
 
     def __init__(self, path: str, target: Any, methods: Collection[str]):
         self.path, self.target, self.methods = path, target, frozenset(methods)
+        self.served = 0  # calls answered (tests and benchmarks see the socket is used)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -88,6 +89,7 @@ class Server:
                     reply = (True, getattr(self.target, method)(*args))
                 except Exception as exc:  # the caller re-raises it
                     reply = (False, exc)
+                self.served += 1
                 try:
                     _send(conn, reply)
                 except OSError:
@@ -114,6 +116,11 @@ class Connections:
     def reset(self) -> None:
         self._known = False
         self._endpoint = None
+
+    @property
+    def available(self) -> bool:
+        """False once the manager said it serves no socket (until ``reset``)."""
+        return not self._known or self._endpoint is not None
 
     def call(self, method: str, args: tuple) -> Any:
         """The method's answer; raises what it raised, or ``Closed`` when the socket failed (the

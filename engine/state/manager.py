@@ -39,11 +39,21 @@ class StateManager:
 
         self.store = StateStore(Path(root), Path(host_dir), host_budget)
         # one socket per manager process: a restarted manager never answers on its predecessor's
-        self.fast = Server(f"{host_dir}-{os.getpid()}.sock", self, FAST_METHODS)
+        try:
+            self.fast = Server(f"{host_dir}-{os.getpid()}.sock", self, FAST_METHODS)
+        except OSError as exc:  # e.g. a path over the 107 bytes a Unix socket may have
+            import logging
 
-    def endpoint(self) -> str:
-        """The path of the socket that serves ``FAST_METHODS`` on this node."""
-        return self.fast.path
+            logging.getLogger(__name__).warning("StateManager: no node socket (%s); ranks use the actor", exc)
+            self.fast = None
+
+    def socket_calls(self) -> int:
+        """Calls the node socket has answered."""
+        return 0 if self.fast is None else self.fast.served
+
+    def endpoint(self) -> str | None:
+        """The path of the socket that serves ``FAST_METHODS`` on this node (None: there is none)."""
+        return None if self.fast is None else self.fast.path
 
     def register_model(self, model, folder):
         return self.store.register_model(model, Path(folder))
@@ -108,7 +118,8 @@ class StateManager:
         return self.store.stats()
 
     def close(self) -> None:
-        self.fast.close()
+        if self.fast is not None:
+            self.fast.close()
         self.store.close()
 
     def pid(self) -> int:

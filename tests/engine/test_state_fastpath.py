@@ -1,0 +1,111 @@
+"""A swap's calls to the StateManager actor go over its node socket (``engine.state.fastpath``):
+answered there, errors included, and through the actor when the manager has no socket."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from engine.state.client import StateClient
+from engine.state.manager import StateManager
+from engine.state.store import UnknownKey
+from engine.workers.layout import WHOLE
+
+
+def _manager(tmp_path, host_dir: str):
+    return StateManager.options(num_cpus=0).remote(str(tmp_path / "state"), host_dir, 1 << 30)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _round_trip(client: StateClient) -> None:
+    state = {(f"layer.{i}.weight", WHOLE): torch.full((64, 8), float(i)) for i in range(4)}
+    client.write("job/policy", state)
+    out, _ = client.read("job/policy", list(state))
+    assert all(torch.equal(out[k], t) for k, t in state.items())
+    with pytest.raises(UnknownKey, match="nope"):  # raised in the manager, re-raised here
+        client.read("job/policy", [("nope", WHOLE)])
+
+
+def test_swap_calls_go_over_the_node_socket(ray_engine, tmp_path):
+    short = tempfile.mkdtemp(prefix="plexrl-test-")  # a socket's path must stay under 108 bytes
+    manager = _manager(tmp_path, str(Path(short) / "host"))
+    try:
+        path = ray.get(manager.endpoint.remote())
+        assert path is not None
+        client = StateClient(lambda: manager, "wpg")
+        _round_trip(client)
+        # reserve, commit, plan_read, done_read and the failed plan_read: all on the socket
+        assert ray.get(manager.socket_calls.remote()) == 5
+    finally:
+        ray.get(manager.close.remote())
+        ray.kill(manager)
+        shutil.rmtree(short, ignore_errors=True)
+
+
+def test_a_manager_without_a_socket_serves_swaps_through_the_actor(ray_engine, tmp_path):
+    long_dir = str(tmp_path / ("h" * 120))  # longer than a Unix socket's path may be
+    manager = _manager(tmp_path, long_dir)
+    try:
+        assert ray.get(manager.endpoint.remote()) is None
+        client = StateClient(lambda: manager, "wpg")
+        _round_trip(client)
+        assert ray.get(manager.socket_calls.remote()) == 0
+        assert not client._fast.available  # asked once, then straight to the actor
+    finally:
+        ray.get(manager.close.remote())
+        ray.kill(manager)
+
+
+def test_a_read_whose_manager_died_ends_on_the_next_one(ray_engine, tmp_path):
+    """A rank plans a read, the manager is killed before the rank releases it: the release goes to
+    the new manager (a no-op there: the pins died with the old one) instead of failing the read,
+    and the state is read back from disk through the new manager."""
+    from ray.exceptions import RayActorError
+
+    short = tempfile.mkdtemp(prefix="plexrl-test-")
+    host = str(Path(short) / "host")
+    managers = [_manager(tmp_path, host)]
+
+    def connect():
+        try:
+            ray.get(managers[-1].endpoint.remote())
+        except RayActorError:
+            managers.append(_manager(tmp_path, host))
+        return managers[-1]
+
+    try:
+        client = StateClient(connect, "wpg")
+        state = {(f"layer.{i}.weight", WHOLE): torch.full((64, 8), float(i)) for i in range(4)}
+        client.write("job/policy", state)
+        client.call("materialize", "job/policy")
+        token, _ = client.plan("job/policy", list(state))
+        old = managers[0]
+        pid = ray.get(old.pid.remote())
+        ray.kill(old, no_restart=True)
+        deadline = time.monotonic() + 30
+        while _alive(pid):  # its socket answers until the process is gone
+            assert time.monotonic() < deadline, "the killed manager did not exit"
+            time.sleep(0.05)
+        client.call("done_read", token, ("job/policy", 1, 0.1))  # must not raise
+        assert len(managers) == 2
+        out, _ = client.read("job/policy", list(state))
+        assert all(torch.equal(out[k], t) for k, t in state.items())
+    finally:
+        ray.get(managers[-1].close.remote())
+        for m in managers:
+            ray.kill(m)
+        shutil.rmtree(short, ignore_errors=True)
