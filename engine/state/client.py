@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from engine.state.fastpath import FAST_METHODS, Closed, Connections
 from engine.state.store import (
     Mismatch,
     Piece,
@@ -27,8 +28,8 @@ from engine.state.store import (
     StateStore,
     TensorMeta,
     items_from_wire,
+    keeps_to_wire,
     keys_to_wire,
-    shard_to_wire,
     writes_to_wire,
 )
 from engine.workers.layout import WHOLE, ShardSpec
@@ -107,8 +108,7 @@ class HostMaps:
                     t = views[meta] = _as_tensor(found[0], meta)
                 return t
             if found is not None:  # cannot happen with pooled files (same size); be safe
-                self._maps[key] = found
-                self._drop(key)
+                self._bytes -= found[1]
         with open(path, "r+b" if write else "rb") as f:
             mm = _mmap(f.fileno(), n, write)  # it holds its own descriptor
         t = _as_tensor(mm, meta)
@@ -180,8 +180,6 @@ class StateClient:
     actor (called again, to reach a restarted manager, when the one it had died)."""
 
     def __init__(self, manager: Any, wpg: str):
-        from engine.state.fastpath import Connections
-
         self._connect = manager if callable(manager) and not isinstance(manager, StateStore) else None
         self.manager = manager if self._connect is None else self._connect()
         self.local = isinstance(self.manager, StateStore)
@@ -196,9 +194,6 @@ class StateClient:
     def call(self, method: str, *args) -> Any:
         if self.local:
             return getattr(self.manager, method)(*args)
-        from engine.state.fastpath import Closed
-        from engine.state.manager import FAST_METHODS
-
         if method in FAST_METHODS and self._fast.available:
             try:
                 return self._fast.call(method, args)
@@ -213,25 +208,20 @@ class StateClient:
         import ray
         from ray.exceptions import RayActorError
 
-        try:
-            return ray.get(getattr(self.manager, method).remote(*args))
-        except RayActorError:
-            if self._connect is None:
-                raise
-            self._fast.reset()  # the new manager has a socket of its own
-            if method not in _RETRY_AFTER_RESTART:
-                self.manager = self._connect()
-                raise
         # A dead manager's name stays registered for a moment after its process is gone (its
         # socket tells first): the lookup may hand back the dead one until Ray has noticed.
         for attempt in range(_RECONNECT_TRIES):
-            self.manager = self._connect()
             try:
                 return ray.get(getattr(self.manager, method).remote(*args))
             except RayActorError:
-                if attempt == _RECONNECT_TRIES - 1:
+                if self._connect is None:
                     raise
-                time.sleep(0.1)
+                self._fast.reset()  # the new manager has a socket of its own
+                self.manager = self._connect()
+                if method not in _RETRY_AFTER_RESTART or attempt == _RECONNECT_TRIES - 1:
+                    raise
+                if attempt:
+                    time.sleep(0.1)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def plan(self, model: str, wants: Sequence[Key]) -> tuple[str, list[ReadItem]]:
@@ -249,8 +239,8 @@ class StateClient:
         if self.local:
             token, paths, epoch = self.manager.reserve(model, writes, kept, remove)
         else:
-            kept = [(name, shard_to_wire(shard), blob) for name, shard, blob in kept]
-            token, paths, epoch = self.call("reserve", model, writes_to_wire(writes), kept, keys_to_wire(remove))
+            token, paths, epoch = self.call("reserve", model, writes_to_wire(writes), keeps_to_wire(kept),
+                                            keys_to_wire(remove))
         self.maps.sweep(epoch)
         return token, paths
 

@@ -25,6 +25,9 @@ from typing import Any
 
 _HEADER = struct.Struct("<Q")
 
+#: the StateManager's calls on a swap's path, served over its node socket too
+FAST_METHODS = frozenset({"plan_read", "done_read", "reserve", "commit", "abort", "record", "set_resident"})
+
 
 class Closed(ConnectionError):
     """The connection to the manager broke (it died, or restarted with a new socket)."""

@@ -14,28 +14,23 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from engine.state.fastpath import FAST_METHODS, Server
 from engine.state.store import (
     StateStore,
     default_host_dir,
     items_to_wire,
+    keeps_from_wire,
     keys_from_wire,
     writes_from_wire,
 )
-from engine.workers.layout import ShardSpec
 
 NAME = "state:{node}"
-
-
-#: the calls on a swap's path, served over the node-local socket too (``engine.state.fastpath``)
-FAST_METHODS = frozenset({"plan_read", "done_read", "reserve", "commit", "abort", "record", "set_resident"})
 
 
 @ray.remote(num_cpus=0, max_concurrency=8)
 class StateManager:
     def __init__(self, root: str, host_dir: str, host_budget: int | None = None):
         import os
-
-        from engine.state.fastpath import Server
 
         self.store = StateStore(Path(root), Path(host_dir), host_budget)
         # one socket per manager process: a restarted manager never answers on its predecessor's
@@ -76,8 +71,7 @@ class StateManager:
         return self.store.done_read(token, record)
 
     def reserve(self, model, writes, keeps=(), remove=()):
-        keeps = [(name, ShardSpec(*shard), blob) for name, shard, blob in keeps]
-        return self.store.reserve(model, writes_from_wire(writes), keeps, keys_from_wire(remove))
+        return self.store.reserve(model, writes_from_wire(writes), keeps_from_wire(keeps), keys_from_wire(remove))
 
     def commit(self, token, seconds=None):
         return self.store.commit(token, seconds)

@@ -197,7 +197,7 @@ def shard_to_wire(s: ShardSpec) -> WireShard:
 
 
 def keys_to_wire(keys: Iterable[tuple[str, ShardSpec]]) -> list[tuple[str, WireShard]]:
-    return [(name, (s.dim, s.index, s.count)) for name, s in keys]
+    return [(name, shard_to_wire(s)) for name, s in keys]
 
 
 def keys_from_wire(rows: Iterable[tuple[str, WireShard]]) -> list[tuple[str, ShardSpec]]:
@@ -220,6 +220,14 @@ def _meta(dtype: str, shape: tuple[int, ...]) -> TensorMeta:
 
 def writes_from_wire(rows: Iterable[tuple]) -> list[tuple[str, ShardSpec, TensorMeta]]:
     return [(name, _shard(*s), _meta(dtype, tuple(shape))) for name, s, dtype, shape in rows]
+
+
+def keeps_to_wire(keeps: Iterable[tuple[str, ShardSpec, str]]) -> list[tuple[str, WireShard, str]]:
+    return [(name, shard_to_wire(s), blob) for name, s, blob in keeps]
+
+
+def keeps_from_wire(rows: Iterable[tuple[str, WireShard, str]]) -> list[tuple[str, ShardSpec, str]]:
+    return [(name, _shard(*s), blob) for name, s, blob in rows]
 
 
 def items_to_wire(items: Iterable[ReadItem]) -> list[tuple]:
