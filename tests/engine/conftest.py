@@ -170,6 +170,32 @@ def ray_engine(plexrl_home) -> Iterator[None]:
         os.environ["RAY_ADDRESS"] = saved_address
 
 
+@pytest.fixture(scope="session")
+def kill_state_manager(ray_engine) -> Callable[[object], None]:
+    """``kill_state_manager(actor)`` kills a StateManager and returns once its process has exited.
+
+    ``ray.kill`` only asks for the kill: until the process is gone its socket still answers, and a
+    swap that reaches it there would be served from the host tier the test means to lose.
+    """
+    import time
+
+    import ray
+
+    def kill(manager) -> None:
+        pid = ray.get(manager.pid.remote())
+        ray.kill(manager, no_restart=True)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            assert time.monotonic() < deadline, "the killed StateManager did not exit"
+            time.sleep(0.05)
+
+    return kill
+
+
 WORKER_THREADS = 1  # pinned torch threads of the session's worker rank
 
 

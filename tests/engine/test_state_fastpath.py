@@ -3,10 +3,8 @@ answered there, errors included, and through the actor when the manager has no s
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -21,14 +19,6 @@ from engine.workers.layout import WHOLE
 
 def _manager(tmp_path, host_dir: str):
     return StateManager.options(num_cpus=0).remote(str(tmp_path / "state"), host_dir, 1 << 30)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _round_trip(client: StateClient) -> None:
@@ -70,7 +60,7 @@ def test_a_manager_without_a_socket_serves_swaps_through_the_actor(ray_engine, t
         ray.kill(manager)
 
 
-def test_a_read_whose_manager_died_ends_on_the_next_one(ray_engine, tmp_path):
+def test_a_read_whose_manager_died_ends_on_the_next_one(ray_engine, tmp_path, kill_state_manager):
     """A rank plans a read, the manager is killed before the rank releases it: the release goes to
     the new manager (a no-op there: the pins died with the old one) instead of failing the read,
     and the state is read back from disk through the new manager."""
@@ -93,13 +83,7 @@ def test_a_read_whose_manager_died_ends_on_the_next_one(ray_engine, tmp_path):
         client.write("job/policy", state)
         client.call("materialize", "job/policy")
         token, _ = client.plan("job/policy", list(state))
-        old = managers[0]
-        pid = ray.get(old.pid.remote())
-        ray.kill(old, no_restart=True)
-        deadline = time.monotonic() + 30
-        while _alive(pid):  # its socket answers until the process is gone
-            assert time.monotonic() < deadline, "the killed manager did not exit"
-            time.sleep(0.05)
+        kill_state_manager(managers[0])
         client.call("done_read", token, ("job/policy", 1, 0.1))  # must not raise
         assert len(managers) == 2
         out, _ = client.read("job/policy", list(state))

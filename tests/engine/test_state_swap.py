@@ -92,7 +92,7 @@ def test_four_jobs_on_one_base_hold_one_copy_of_the_frozen_weights(swap_group, j
     assert all(torch.equal(o, outputs[0]) for o in outputs)
 
 
-def test_killed_state_manager_loses_nothing_materialized(swap_group, worker_group, job):
+def test_killed_state_manager_loses_nothing_materialized(swap_group, worker_group, job, kill_state_manager):
     swapped, plain = Client(Router([swap_group])), Client(Router([worker_group]))
     a, a_ref = (c.create_model(job, "policy", "tiny-arith", trainable=True) for c in (swapped, plain))
     batch = _batch(plain, a_ref, PROBLEMS[1])
@@ -104,8 +104,7 @@ def test_killed_state_manager_loses_nothing_materialized(swap_group, worker_grou
     assert reports
     assert all(r["tensors"] for r in reports)
     swap_group.offload((job, "policy"))
-    old = _manager()
-    ray.kill(old, no_restart=True)  # host tier and all in-memory bookkeeping are gone
+    kill_state_manager(_manager())  # host tier and all in-memory bookkeeping are gone
     # the next call swaps the job in: a new StateManager recovers it from disk
     assert torch.equal(a.forward(batch).result().logprobs, a_ref.forward(batch).result().logprobs)
     for handle in (a, a_ref):  # and it goes on training exactly as if nothing happened
