@@ -40,7 +40,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import quote
@@ -67,18 +67,25 @@ class StateKey:
 class TensorMeta:
     dtype: str  # torch dtype name without the "torch." prefix
     shape: tuple[int, ...]
+    # derived once: a swap asks for them several times per tensor
+    torch_dtype: torch.dtype = field(init=False, repr=False, compare=False)
+    nbytes: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return _torch_dtype(self.dtype)
+    def __post_init__(self):
+        dtype = _torch_dtype(self.dtype)
+        object.__setattr__(self, "torch_dtype", dtype)
+        object.__setattr__(self, "nbytes", dtype.itemsize * math.prod(self.shape))
+        object.__setattr__(self, "_hash", hash((self.dtype, self.shape)))
 
-    @property
-    def nbytes(self) -> int:
-        return _torch_dtype(self.dtype).itemsize * math.prod(self.shape)
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):  # the derived fields are not sent: a str's hash differs between processes
+        return TensorMeta, (self.dtype, self.shape)
 
     @classmethod
     def of(cls, t: torch.Tensor) -> TensorMeta:
-        return cls(str(t.dtype).removeprefix("torch."), tuple(t.shape))
+        return _meta(str(t.dtype).removeprefix("torch."), tuple(t.shape))
 
     def describe(self) -> str:
         return f"{self.dtype}{list(self.shape)}"

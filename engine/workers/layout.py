@@ -28,6 +28,14 @@ class ShardSpec:
             raise ValueError(f"bad shard {self.index} of {self.count}")
         if self.dim is None and self.count != 1:
             raise ValueError("a whole tensor has one shard")
+        # computed once: specs key the StateManager's tables, which hash them per tensor per swap
+        object.__setattr__(self, "_hash", hash((self.dim, self.index, self.count)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self):  # the hash is not sent: None's differs between processes
+        return ShardSpec, (self.dim, self.index, self.count)
 
 
 WHOLE = ShardSpec()

@@ -378,3 +378,22 @@ def test_a_dead_stores_shared_memory_is_removed_by_the_next_store(tmp_path):
     finally:
         dead.kill()
         dead.wait(timeout=30)
+
+
+def test_keys_sent_to_another_process_find_its_entries():
+    """Shard specs and tensor metadata cache their hash; what another process unpickles must hash
+    like the same values made there (a str's and None's hash differ between processes)."""
+    import pickle
+    import subprocess
+    import sys
+
+    sent = pickle.dumps([WHOLE, ShardSpec(0, 1, 2), TensorMeta("float32", (2, 3))]).hex()
+    code = ("import pickle, sys\n"
+            "from engine.state.store import TensorMeta\n"
+            "from engine.workers.layout import WHOLE, ShardSpec\n"
+            "got = pickle.loads(bytes.fromhex(sys.stdin.read()))\n"
+            "table = {WHOLE: 0, ShardSpec(0, 1, 2): 1, TensorMeta('float32', (2, 3)): 2}\n"
+            "print([table.get(k) for k in got], got[2].nbytes)\n")
+    out = subprocess.run([sys.executable, "-c", code], input=sent, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == ["[0,", "1,", "2]", "24"]
