@@ -21,17 +21,7 @@ from typing import Any
 import torch
 
 from engine.state.fastpath import FAST_METHODS, Closed, Connections
-from engine.state.store import (
-    Mismatch,
-    Piece,
-    ReadItem,
-    StateStore,
-    TensorMeta,
-    items_from_wire,
-    keeps_to_wire,
-    keys_to_wire,
-    writes_to_wire,
-)
+from engine.state.store import Mismatch, ReadItem, StateStore, TensorMeta
 from engine.workers.layout import WHOLE, ShardSpec
 
 Key = tuple[str, ShardSpec]  # (canonical tensor name, shard) within one model
@@ -155,15 +145,17 @@ def assemble(item: ReadItem, maps: HostMaps | None = None) -> torch.Tensor:
     """The asked-for slice over the host files: a view when one stored piece covers it, else the
     stored shards joined once (and sliced, when the reader's layout differs)."""
     mapped = map_host if maps is None else maps.tensor
-    pieces: list[Piece] = sorted(item.pieces, key=lambda p: p.shard.index)
-    first = pieces[0].shard
+    _, want, pieces = item
     if len(pieces) == 1:
-        t = mapped(pieces[0].path, pieces[0].meta)
-        return t if first == item.shard else _narrow(t, item.shard)
-    t = torch.cat([mapped(p.path, p.meta) for p in pieces], dim=first.dim)
+        _, path, meta, stored = pieces[0]
+        t = mapped(path, meta)
+        return t if stored == want else _narrow(t, want)
+    pieces = sorted(pieces, key=lambda p: p[3].index)
+    first = pieces[0][3]
+    t = torch.cat([mapped(path, meta) for _, path, meta, _ in pieces], dim=first.dim)
     if len(pieces) < first.count:  # the stored shards that make up exactly the wanted one
         return t
-    return _narrow(t, item.shard)
+    return _narrow(t, want)
 
 
 _RECONNECT_TRIES = 100  # 0.1 s apart
@@ -225,22 +217,14 @@ class StateClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def plan(self, model: str, wants: Sequence[Key]) -> tuple[str, list[ReadItem]]:
-        """The manager's ``plan_read`` (in the wire format when it is an actor); this rank's kept
-        mappings of deleted files are dropped on the way. ``done_read(token)`` must follow."""
-        if self.local:
-            token, items, epoch = self.manager.plan_read(model, list(wants))
-        else:
-            token, rows, epoch = self.call("plan_read", model, keys_to_wire(wants))
-            items = items_from_wire(rows)
+        """The manager's ``plan_read``; this rank's kept mappings of deleted files are dropped on the
+        way. ``done_read(token)`` must follow."""
+        token, items, epoch = self.call("plan_read", model, list(wants))
         self.maps.sweep(epoch)
         return token, items
 
     def _reserve(self, model, writes, kept, remove) -> tuple[str, list[str | None]]:
-        if self.local:
-            token, paths, epoch = self.manager.reserve(model, writes, kept, remove)
-        else:
-            token, paths, epoch = self.call("reserve", model, writes_to_wire(writes), keeps_to_wire(kept),
-                                            keys_to_wire(remove))
+        token, paths, epoch = self.call("reserve", model, writes, kept, list(remove))
         self.maps.sweep(epoch)
         return token, paths
 
@@ -284,21 +268,22 @@ class StateClient:
         record = None
         try:
             for item in items:
-                key = (item.name, item.shard)
+                name, shard, pieces = item
+                key = (name, shard)
                 src = assemble(item, self.maps)
                 dst = (into or {}).get(key)
                 if dst is None:
                     dst = src.to(device, copy=True)
                 else:
                     if tuple(dst.shape) != tuple(src.shape) or dst.dtype != src.dtype:
-                        raise Mismatch(f"{model}: {item.name} {item.shard} is stored as "
+                        raise Mismatch(f"{model}: {name} {shard} is stored as "
                                        f"{TensorMeta.of(src).describe()}, the reader holds "
                                        f"{TensorMeta.of(dst).describe()}")
                     dst.copy_(src)
                 out[key] = dst
                 nbytes += src.numel() * src.element_size()
-                if len(item.pieces) == 1 and item.pieces[0].shard == item.shard:
-                    clean[key] = item.pieces[0].blob
+                if len(pieces) == 1 and pieces[0][3] == shard:
+                    clean[key] = pieces[0][0]
             record = (model, nbytes, time.perf_counter() - started)
         finally:
             self.call("done_read", token, record)

@@ -15,14 +15,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engine.state.fastpath import FAST_METHODS, Server
-from engine.state.store import (
-    StateStore,
-    default_host_dir,
-    items_to_wire,
-    keeps_from_wire,
-    keys_from_wire,
-    writes_from_wire,
-)
+from engine.state.store import StateStore, default_host_dir
 
 NAME = "state:{node}"
 
@@ -62,16 +55,14 @@ class StateManager:
     def keys(self, model):
         return self.store.keys(model)
 
-    # plan_read and reserve speak the wire format (``engine.state.store``): they are on every swap's path
     def plan_read(self, model, wants):
-        token, items, epoch = self.store.plan_read(model, keys_from_wire(wants))
-        return token, items_to_wire(items), epoch
+        return self.store.plan_read(model, wants)
 
     def done_read(self, token, record=None):
         return self.store.done_read(token, record)
 
     def reserve(self, model, writes, keeps=(), remove=()):
-        return self.store.reserve(model, writes_from_wire(writes), keeps_from_wire(keeps), keys_from_wire(remove))
+        return self.store.reserve(model, writes, keeps, remove)
 
     def commit(self, token, seconds=None):
         return self.store.commit(token, seconds)
@@ -84,7 +75,7 @@ class StateManager:
         host -> device). Returns the model's bytes."""
         token, items, _ = self.store.plan_read(model, list(self.store.keys(model)))
         self.store.done_read(token)
-        return {"tensors": len(items), "bytes": sum(p.meta.nbytes for i in items for p in i.pieces)}
+        return {"tensors": len(items), "bytes": sum(meta.nbytes for _, _, pieces in items for _, _, meta, _ in pieces)}
 
     def prefetch(self, models: list[str]) -> None:
         """Hint that ``models`` run next: keep them in host memory and bring them there now."""

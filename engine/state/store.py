@@ -7,8 +7,10 @@
 - **disk**: safetensors files under ``<root>/blobs`` written by ``materialize``, and the read-only
   weight files of registered base models, read through a memory map.
 
-A key ``StateKey(model, name, shard)`` names one slice of one logical tensor of one model (a
-deployment, or a base model); it points to a *blob*: one tensor's bytes. A blob whose content hash
+A key ``(model, name, shard)`` names one slice of one logical tensor of one model (a deployment, or
+a base model; ``name`` is the canonical Hugging Face tensor name, optimizer state is
+``"<param>::<field>"``, ``shard`` a ``ShardSpec``); it points to a *blob*: one tensor's bytes.
+``models[model]`` maps each ``(name, shard)`` to its blob. A blob whose content hash
 is known (``h-`` ids: registered base weights) is shared by every key with that content, so the
 base model under N jobs' frozen references is held once per tier; blobs a trainer wrote (``u-``
 ids) are not hashed, since trained weights differ anyway and hashing would slow every offload.
@@ -42,7 +44,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import quote
 
 import torch
@@ -54,13 +56,6 @@ _CHUNK = 64 << 20  # bytes per read/write/hash call
 
 
 # -- keys, metadata, errors ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StateKey:
-    model: str  # a deployment ("job/role") or a base model id
-    name: str  # canonical (Hugging Face) tensor name; optimizer state is "<param>::<field>"
-    shard: ShardSpec = WHOLE
 
 
 @dataclass(frozen=True)
@@ -150,7 +145,7 @@ class DiskLoc:
     owned: bool  # a blob file this store wrote (deleted with the blob); else a registered model file
 
 
-@dataclass
+@dataclass(slots=True)
 class Blob:
     id: str
     meta: TensorMeta
@@ -167,87 +162,29 @@ class Blob:
         return self.host in (LOADING, WRITING)
 
 
-class Piece(NamedTuple):  # named tuples: a swap's plan builds hundreds, quickly
-    """One stored slice a reader copies from: a host file (``path``; None for an empty tensor)."""
-
-    blob: str
-    path: str | None
-    meta: TensorMeta
-    shard: ShardSpec
-
-
-class ReadItem(NamedTuple):
-    name: str
-    shard: ShardSpec  # the slice the reader asked for
-    pieces: tuple[Piece, ...]  # the stored slices that cover it
+# A read's plan, in plain tuples: a swap plans about a hundred tensors, and plain tuples cost nothing
+# to build and pickle in C (a named tuple or dataclass costs a Python call each way; the specs and
+# metadata inside are few distinct objects, which pickle sends once each).
+Piece = tuple[str, "str | None", TensorMeta, ShardSpec]
+"""``(blob, host file, meta, stored shard)``: one stored slice a reader copies from (no host file
+for an empty tensor)."""
+ReadItem = tuple[str, ShardSpec, tuple[Piece, ...]]
+"""``(name, wanted shard, pieces)``: a slice the reader asked for and the stored slices covering it."""
 
 
 @dataclass
 class _Reservation:
     model: str
-    entries: list[tuple[StateKey, str]]  # key -> blob it will point to
+    entries: list[tuple[tuple[str, ShardSpec], str]]  # (name, shard) -> blob it will point to
     new_blobs: list[str]
-    remove: list[StateKey]
+    nbytes: int  # of the new blobs
+    remove: list[tuple[str, ShardSpec]]
     pinned: list[str]
-
-
-# -- the wire format between ranks and the StateManager actor ----------------------------------
-# Plain tuples, strings and ints: Ray pickles those in C, while every dataclass instance costs it a
-# Python call (a swap's plan of ~100 tensors took 7 ms to send as dataclasses). Only the calls on
-# a swap's path use it (``StateManager.plan_read`` / ``reserve``, ``StateClient``).
-
-WireShard = tuple  # (dim, index, count)
-
-
-def shard_to_wire(s: ShardSpec) -> WireShard:
-    return s.dim, s.index, s.count
-
-
-def keys_to_wire(keys: Iterable[tuple[str, ShardSpec]]) -> list[tuple[str, WireShard]]:
-    return [(name, shard_to_wire(s)) for name, s in keys]
-
-
-def keys_from_wire(rows: Iterable[tuple[str, WireShard]]) -> list[tuple[str, ShardSpec]]:
-    return [(name, _shard(*s)) for name, s in rows]
-
-
-def writes_to_wire(writes: Iterable[tuple[str, ShardSpec, TensorMeta]]) -> list[tuple]:
-    return [(name, shard_to_wire(s), m.dtype, m.shape) for name, s, m in writes]
-
-
-@functools.lru_cache(maxsize=4096)
-def _shard(dim: int | None, index: int, count: int) -> ShardSpec:
-    return ShardSpec(dim, index, count)  # immutable and few: one object each, built once
 
 
 @functools.lru_cache(maxsize=65536)
 def _meta(dtype: str, shape: tuple[int, ...]) -> TensorMeta:
-    return TensorMeta(dtype, shape)  # a model's layers share their shapes
-
-
-def writes_from_wire(rows: Iterable[tuple]) -> list[tuple[str, ShardSpec, TensorMeta]]:
-    return [(name, _shard(*s), _meta(dtype, tuple(shape))) for name, s, dtype, shape in rows]
-
-
-def keeps_to_wire(keeps: Iterable[tuple[str, ShardSpec, str]]) -> list[tuple[str, WireShard, str]]:
-    return [(name, shard_to_wire(s), blob) for name, s, blob in keeps]
-
-
-def keeps_from_wire(rows: Iterable[tuple[str, WireShard, str]]) -> list[tuple[str, ShardSpec, str]]:
-    return [(name, _shard(*s), blob) for name, s, blob in rows]
-
-
-def items_to_wire(items: Iterable[ReadItem]) -> list[tuple]:
-    return [(i.name, shard_to_wire(i.shard),
-             tuple((p.blob, p.path, p.meta.dtype, p.meta.shape, shard_to_wire(p.shard)) for p in i.pieces))
-            for i in items]
-
-
-def items_from_wire(rows: Iterable[tuple]) -> list[ReadItem]:
-    return [ReadItem(name, _shard(*shard),
-                     tuple(Piece(blob, path, _meta(dtype, tuple(shape)), _shard(*ps))
-                           for blob, path, dtype, shape, ps in pieces))
-            for name, shard, pieces in rows]
+    return TensorMeta(dtype, shape)  # a model's layers share their shapes: one object each
 
 
 def safetensors_index(path: Path) -> dict[str, tuple[TensorMeta, int]]:
@@ -416,10 +353,6 @@ class StateStore:
         self._recover()
 
     # -- bookkeeping helpers (call with the lock held) -----------------------------------------
-    def _tick(self, blob: Blob) -> None:
-        self._clock += 1
-        blob.used = self._clock
-
     @property
     def epoch(self) -> tuple[str, int]:
         """Changes whenever a host file is deleted (or the store restarts): a rank whose kept
@@ -600,25 +533,38 @@ class StateStore:
         disk, evicting others if the budget needs it) and pin them until ``done_read(token)``.
         Returns ``(token, items, epoch)``; the reader maps each piece's host file and copies from
         it (``epoch``: see ``StateStore.epoch``)."""
+        # A swap plans about a hundred tensors, mostly each asked for as stored: that case is a
+        # dict lookup, and the per-name index that resharding needs is built only when asked for.
         with self._lock:
             keys = self._keys_of(model)
-            index: dict[str, dict[ShardSpec, str]] = defaultdict(dict)
-            for (n, shard), b in keys.items():
-                index[n][shard] = b
-            covering = [(name, want, self._pieces_for(model, name, want, index)) for name, want in wants]
+            blobs = self.blobs
+            index: dict[str, dict[ShardSpec, str]] | None = None
+            covering = []
+            for name, want in wants:
+                b = keys.get((name, want))
+                if b is None:
+                    if index is None:
+                        index = defaultdict(dict)
+                        for (n, shard), stored in keys.items():
+                            index[n][shard] = stored
+                    covering.append((name, want, self._pieces_for(model, name, want, index)))
+                else:
+                    covering.append((name, want, ((want, b),)))
             needed = list(dict.fromkeys(b for _, _, parts in covering for _, b in parts))
-            for b in needed:
-                self.blobs[b].pins += 1
-            try:
-                to_load = [self.blobs[b] for b in needed if self.blobs[b].host == ABSENT]
-                self._make_room(sum(b.meta.nbytes for b in to_load), protect=set(needed))
-            except StateError:
-                self._unpin(needed)
-                raise
-            for blob in to_load:
-                blob.host = LOADING
-                self.host_bytes += blob.meta.nbytes
-            waits = [self.blobs[b] for b in needed if self.blobs[b].busy]
+            held = [blobs[b] for b in needed]
+            for blob in held:
+                blob.pins += 1
+            to_load = [blob for blob in held if blob.host == ABSENT]
+            if to_load:
+                try:
+                    self._make_room(sum(b.meta.nbytes for b in to_load), protect=set(needed))
+                except StateError:
+                    self._unpin(needed)
+                    raise
+                for blob in to_load:
+                    blob.host = LOADING
+                    self.host_bytes += blob.meta.nbytes
+            waits = [blob for blob in held if blob.busy]
         started, loaded = time.perf_counter(), 0
         try:
             for blob in to_load:
@@ -636,20 +582,24 @@ class StateStore:
         if to_load:
             self.record(model, "disk->host", loaded, time.perf_counter() - started)
         with self._lock:
-            self._settled(waits)
-            failed = [b for b in waits if b.host != READY]  # another reader's load failed
-            if failed:
-                self._unpin(needed)
-                raise StateError(f"{model}: blob {failed[0].id} could not be loaded from disk; "
-                                 "read again to retry")
+            if waits:
+                self._settled(waits)
+                failed = [b for b in waits if b.host != READY]  # another reader's load failed
+                if failed:
+                    self._unpin(needed)
+                    raise StateError(f"{model}: blob {failed[0].id} could not be loaded from disk; "
+                                     "read again to retry")
             items = []
+            clock = self._clock
             for name, want, parts in covering:
                 pieces = []
                 for shard, b in parts:
-                    blob = self.blobs[b]
-                    self._tick(blob)
-                    pieces.append(Piece(b, blob.file, blob.meta, shard))
-                items.append(ReadItem(name, want, tuple(pieces)))
+                    blob = blobs[b]
+                    clock += 1  # used now: last in eviction order
+                    blob.used = clock
+                    pieces.append((b, blob.file, blob.meta, shard))
+                items.append((name, want, tuple(pieces)))
+            self._clock = clock
             token = uuid.uuid4().hex
             self._reads[token] = needed
             return token, items, self.epoch
@@ -710,21 +660,22 @@ class StateStore:
             size = sum(meta.nbytes for _, _, meta in writes)
             self._make_room(size, protect={b for _, _, b in keeps})
             entries, new_blobs, paths = [], [], []
+            blobs, new_file = self.blobs, self._new_host_file
             for name, shard, meta in writes:
-                blob = Blob("u-" + self._new_name(), meta, host=WRITING, pins=1)
-                self.blobs[blob.id] = blob
-                new_blobs.append(blob.id)
-                entries.append((StateKey(model, name, shard), blob.id))
-                paths.append(self._new_host_file(blob))
+                blob_id = "u-" + self._new_name()
+                blob = blobs[blob_id] = Blob(blob_id, meta, host=WRITING, pins=1)
+                new_blobs.append(blob_id)
+                entries.append(((name, shard), blob_id))
+                paths.append(new_file(blob))
             self.host_bytes += size
             pinned = []
             for name, shard, blob_id in keeps:
-                self.blobs[blob_id].pins += 1
+                blobs[blob_id].pins += 1
                 pinned.append(blob_id)
-                entries.append((StateKey(model, name, shard), blob_id))
+                entries.append(((name, shard), blob_id))
             token = uuid.uuid4().hex
-            self._reservations[token] = _Reservation(model, entries, new_blobs,
-                                                     [StateKey(model, n, s) for n, s in remove], pinned)
+            self._reservations[token] = _Reservation(model, entries, new_blobs, size,
+                                                     [(n, s) for n, s in remove], pinned)
             return token, paths, self.epoch
 
     def commit(self, token: str, seconds: float | None = None) -> None:
@@ -736,24 +687,38 @@ class StateStore:
             if res is None:
                 raise StateError(f"no reservation {token!r}")
             if seconds is not None:
-                written = sum(self.blobs[b].meta.nbytes for b in res.new_blobs)
-                self._add_transfer(res.model, "device->host", written, seconds)
+                self._add_transfer(res.model, "device->host", res.nbytes, seconds)
+            blobs, clock = self.blobs, self._clock
             for b in res.new_blobs:
-                blob = self.blobs[b]
+                blob = blobs[b]
                 blob.host = READY
-                self._tick(blob)
+                clock += 1
+                blob.used = clock
+            self._clock = clock
             self._settle.notify_all()
-            keys = self.models.setdefault(res.model, {})
+            model = res.model
+            keys = self.models.setdefault(model, {})
             for key in res.remove:
-                if (key.name, key.shard) in keys:
-                    self._unpoint(res.model, key.name, key.shard)
-            shards = _shards_by_name(keys)
+                if key in keys:
+                    self._unpoint(model, *key)
+            # A tensor's keys are all of one layout. A key the model has already is of that
+            # layout (the common case: a swap writes back what it read); a new one replaces the
+            # tensor's keys of any other layout.
+            shards: dict[str, list[ShardSpec]] | None = None
             for key, blob_id in res.entries:
-                for shard in shards.get(key.name, ()):
-                    if (shard.dim, shard.count) != (key.shard.dim, key.shard.count):
-                        self._unpoint(res.model, key.name, shard)
-                shards[key.name] = [key.shard]  # later entries of this name keep what this one set
-                self._point(res.model, key.name, key.shard, blob_id)
+                old = keys.get(key)
+                if old is None:
+                    name, shard = key
+                    if shards is None:
+                        shards = _shards_by_name(keys)
+                    for other in shards.get(name, ()):
+                        if (other.dim, other.count) != (shard.dim, shard.count):
+                            self._unpoint(model, name, other)
+                    shards[name] = [shard]  # later entries of this name keep what this one set
+                blobs[blob_id].refs += 1
+                keys[key] = blob_id
+                if old is not None:
+                    self._decref(old)
             self._unpin(res.new_blobs + res.pinned)
 
     def abort(self, token: str) -> None:

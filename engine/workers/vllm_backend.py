@@ -266,7 +266,7 @@ class VllmBackend(Backend):
         token, items = client.plan(model, [(name, WHOLE) for name in state.metas])
         record = None
         try:
-            self._reload((item.name, assemble(item, client.maps)) for item in items)
+            self._reload((item[0], assemble(item, client.maps)) for item in items)
             record = (model, state.nbytes, time.perf_counter() - started)
         finally:
             client.call("done_read", token, record)

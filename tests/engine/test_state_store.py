@@ -126,6 +126,11 @@ def test_readers_get_the_slices_their_layout_needs(tmp_path):
     assert set(store.keys("m")) == {("w", WHOLE)}
     out, _ = client.read("m", [("w", ShardSpec(0, 0, 2))])
     assert torch.equal(out[("w", ShardSpec(0, 0, 2))], full[:4] * 2)
+    # and TP=2 again, in one write: the whole tensor goes, both shards stay
+    client.write("m", {("w", ShardSpec(0, r, 2)): (full * 3).chunk(2, 0)[r] for r in range(2)})
+    assert set(store.keys("m")) == set(tp2)
+    out, _ = client.read("m", [("w", WHOLE)])
+    assert torch.equal(out[("w", WHOLE)], full * 3)
 
 
 def test_errors_leave_no_partial_state(tmp_path, base_dir):
