@@ -14,6 +14,7 @@ import os
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -76,7 +77,7 @@ class HostMaps:
             entries = max(256, min(8192, soft // 4))  # leave most descriptors to the process
         self.limit, self.entries = limit, entries
         # (path, write) -> (map, its bytes, typed views of it by meta); least recently used first
-        self._maps: dict[tuple[str, bool], tuple[mmap.mmap, int, dict[TensorMeta, torch.Tensor]]] = {}
+        self._maps: OrderedDict[tuple[str, bool], tuple[mmap.mmap, int, dict[TensorMeta, torch.Tensor]]] = OrderedDict()
         self._bytes = 0
         self._epoch: Any = None  # the store's epoch at the last sweep
         self._lock = threading.Lock()
@@ -89,16 +90,16 @@ class HostMaps:
             return map_host(path, meta, write=write)
         key = (path, write)
         with self._lock:
-            found = self._maps.pop(key, None)
+            found = self._maps.get(key)
             if found is not None and found[1] == n:
-                self._maps[key] = found  # most recently used last
+                self._maps.move_to_end(key)  # most recently used last
                 views = found[2]
                 t = views.get(meta)
                 if t is None:
                     t = views[meta] = _as_tensor(found[0], meta)
                 return t
             if found is not None:  # cannot happen with pooled files (same size); be safe
-                self._bytes -= found[1]
+                self._drop(key)
         with open(path, "r+b" if write else "rb") as f:
             mm = _mmap(f.fileno(), n, write)  # it holds its own descriptor
         t = _as_tensor(mm, meta)
@@ -149,7 +150,7 @@ def assemble(item: ReadItem, maps: HostMaps | None = None) -> torch.Tensor:
     if len(pieces) == 1:
         _, path, meta, stored = pieces[0]
         t = mapped(path, meta)
-        return t if stored == want else _narrow(t, want)
+        return t if stored is want or stored == want else _narrow(t, want)
     pieces = sorted(pieces, key=lambda p: p[3].index)
     first = pieces[0][3]
     t = torch.cat([mapped(path, meta) for _, path, meta, _ in pieces], dim=first.dim)
@@ -218,7 +219,7 @@ class StateClient:
 
     def plan(self, model: str, wants: Sequence[Key]) -> tuple[str, list[ReadItem]]:
         """The manager's ``plan_read``; this rank's kept mappings of deleted files are dropped on the
-        way. ``done_read(token)`` must follow."""
+        way. ``release(token)`` must follow."""
         token, items, epoch = self.call("plan_read", model, list(wants))
         self.maps.sweep(epoch)
         return token, items
@@ -264,30 +265,42 @@ class StateClient:
         token, items = self.plan(model, wants)
         out: dict[Key, torch.Tensor] = {}
         clean: dict[Key, str] = {}
+        into = into or {}
         nbytes = 0
         record = None
         try:
-            for item in items:
+            for item in items:  # per tensor: as little Python as a plain copy loop
                 name, shard, pieces = item
                 key = (name, shard)
                 src = assemble(item, self.maps)
-                dst = (into or {}).get(key)
+                dst = into.get(key)
                 if dst is None:
                     dst = src.to(device, copy=True)
+                elif dst.shape != src.shape or dst.dtype != src.dtype:
+                    raise Mismatch(f"{model}: {name} {shard} is stored as "
+                                   f"{TensorMeta.of(src).describe()}, the reader holds "
+                                   f"{TensorMeta.of(dst).describe()}")
                 else:
-                    if tuple(dst.shape) != tuple(src.shape) or dst.dtype != src.dtype:
-                        raise Mismatch(f"{model}: {name} {shard} is stored as "
-                                       f"{TensorMeta.of(src).describe()}, the reader holds "
-                                       f"{TensorMeta.of(dst).describe()}")
                     dst.copy_(src)
                 out[key] = dst
-                nbytes += src.numel() * src.element_size()
+                nbytes += src.nbytes
                 if len(pieces) == 1 and pieces[0][3] == shard:
                     clean[key] = pieces[0][0]
             record = (model, nbytes, time.perf_counter() - started)
         finally:
-            self.call("done_read", token, record)
+            self.release(token, record)
         return out, clean
+
+    def release(self, token: str, record: tuple[str, int, float] | None = None) -> None:
+        """The manager's ``done_read`` (unpin a plan's blobs; ``record`` the copy), not waited for
+        on the socket: it has nothing to answer, and this thread's next call is served after it."""
+        if not self.local and self._fast.available:
+            try:
+                return self._fast.send("done_read", (token, record))
+            except Closed:
+                if self._fast.available:
+                    self._fast.reset()
+        self.call("done_read", token, record)
 
     def submit(self, fn, *args) -> Future:
         """Run ``fn(*args)`` on this client's background thread (the one prefetches use, in order)."""

@@ -3,10 +3,12 @@
 A swap asks the manager twice (``plan_read`` then ``done_read``, or ``reserve`` then ``commit``)
 and each Ray actor call costs a millisecond or more on a small node, as much as copying 10 MB. The
 manager therefore also answers the calls on a swap's path over a Unix socket: one thread per
-connection, length-prefixed pickles, the same methods as the actor (so the same wire format and
-the same store, under its lock). The actor stays the manager's identity and lifecycle: ranks find
-it by name, learn the socket's path from it (``endpoint``), and fall back to it whenever the
-socket fails (a restarted manager has a new socket).
+connection, length-prefixed pickles, the same methods as the actor (so the same arguments and the
+same store, under its lock). A call may also be sent unanswered (``Connections.send``: a read's
+release, which has nothing to report); the connection's later calls are served after it. The
+actor stays the manager's identity and lifecycle: ranks find it by name, learn the socket's path
+from it (``endpoint``), and fall back to it whenever the socket fails (a restarted manager has a
+new socket).
 
 Only processes of the node's user can connect: the socket is created mode 0600 in the host tier's
 per-user folder. Pickle is what Ray's own calls carry between these same processes.
@@ -15,6 +17,7 @@ per-user folder. Pickle is what Ray's own calls carry between these same process
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import socket
@@ -24,6 +27,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 _HEADER = struct.Struct("<Q")
+_log = logging.getLogger(__name__)
 
 #: the StateManager's calls on a swap's path, served over its node socket too
 FAST_METHODS = frozenset({"plan_read", "done_read", "reserve", "commit", "abort", "record", "set_resident"})
@@ -83,7 +87,7 @@ class Server:
         with conn:
             while True:
                 try:
-                    method, args = _recv(conn)
+                    method, args, answer = _recv(conn)
                 except (Closed, OSError):
                     return
                 try:
@@ -93,6 +97,10 @@ class Server:
                 except Exception as exc:  # the caller re-raises it
                     reply = (False, exc)
                 self.served += 1
+                if not answer:
+                    if not reply[0]:
+                        _log.warning("unanswered %s failed: %s", method, reply[1])
+                    continue
                 try:
                     _send(conn, reply)
                 except OSError:
@@ -128,6 +136,32 @@ class Connections:
     def call(self, method: str, args: tuple) -> Any:
         """The method's answer; raises what it raised, or ``Closed`` when the socket failed (the
         call may or may not have run) or there is none."""
+        sock = self._connection()
+        try:
+            _send(sock, (method, args, True))
+            ok, value = _recv(sock)
+        except (Closed, OSError) as exc:
+            self._broken(sock)
+            raise Closed(str(exc)) from exc
+        if not ok:
+            raise value
+        return value
+
+    def send(self, method: str, args: tuple) -> None:
+        """Send the call unanswered (the manager logs its failure); ``Closed`` as for ``call``."""
+        sock = self._connection()
+        try:
+            _send(sock, (method, args, False))
+        except OSError as exc:
+            self._broken(sock)
+            raise Closed(str(exc)) from exc
+
+    def _broken(self, sock: socket.socket) -> None:
+        sock.close()
+        self._local.sock = None
+
+    def _connection(self) -> socket.socket:
+        """This thread's connection to the socket, opened if need be."""
         if not self._known:
             self._endpoint, self._known = self._endpoint_of(), True
         path = self._endpoint
@@ -145,13 +179,4 @@ class Connections:
                 self._local.sock = None
                 raise Closed(f"cannot reach the StateManager's socket: {exc}") from exc
             self._local.sock, self._local.path = sock, path
-        try:
-            _send(sock, (method, args))
-            ok, value = _recv(sock)
-        except (Closed, OSError) as exc:
-            sock.close()
-            self._local.sock = None
-            raise Closed(str(exc)) from exc
-        if not ok:
-            raise value
-        return value
+        return sock

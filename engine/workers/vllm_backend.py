@@ -269,7 +269,7 @@ class VllmBackend(Backend):
             self._reload((item[0], assemble(item, client.maps)) for item in items)
             record = (model, state.nbytes, time.perf_counter() - started)
         finally:
-            client.call("done_read", token, record)
+            client.release(token, record)
 
     def _write_to_store(self, deployment: Deployment, tensors: dict[str, torch.Tensor]) -> None:
         self.state_client.write(state_id(deployment, "rollout"), {(n, WHOLE): t for n, t in tensors.items()})

@@ -46,6 +46,36 @@ def test_swap_calls_go_over_the_node_socket(ray_engine, tmp_path):
         shutil.rmtree(short, ignore_errors=True)
 
 
+def test_a_reads_release_goes_unanswered_and_is_served_before_the_next_call(ray_engine, tmp_path):
+    short = tempfile.mkdtemp(prefix="plexrl-test-")
+    manager = _manager(tmp_path, str(Path(short) / "host"))
+    try:
+        client = StateClient(lambda: manager, "wpg")
+        state = {(f"layer.{i}.weight", WHOLE): torch.full((64, 8), float(i)) for i in range(4)}
+        client.write("job/policy", state)
+        client.read("job/policy", list(state))  # its release is sent, not answered
+        # this thread's next call gets its own answer (no stray reply) and finds the release done
+        token, items = client.plan("job/policy", list(state))
+        assert [(name, shard) for name, shard, _ in items] == list(state)
+        transfers = ray.get(manager.stats.remote())["transfers"]["job/policy"]
+        read = transfers["host->device"]
+        assert (read["bytes"], read["count"]) == (4 * 64 * 8 * 4, 1)
+        assert read["seconds"] > 0
+        client.release(token)
+        # an unanswered call that fails is the manager's to log; the connection goes on
+        client._fast.send("record", ("job/policy", "sideways", 1, 0.1))
+        token, items = client.plan("job/policy", list(state))
+        client.release(token)
+        assert len(items) == len(state)
+        client.call("abort", "no-such-token")  # answered: everything sent before it was served
+        # reserve, commit, three plans and their releases, the record, the abort
+        assert ray.get(manager.socket_calls.remote()) == 10
+    finally:
+        ray.get(manager.close.remote())
+        ray.kill(manager)
+        shutil.rmtree(short, ignore_errors=True)
+
+
 def test_a_manager_without_a_socket_serves_swaps_through_the_actor(ray_engine, tmp_path):
     long_dir = str(tmp_path / ("h" * 120))  # longer than a Unix socket's path may be
     manager = _manager(tmp_path, long_dir)
