@@ -348,6 +348,29 @@ def check_state_args(size_mb: float, jobs: int, repeats: int) -> None:
     if need > budget:
         raise CliError(f"--size-mb: {size_mb:g} MB needs about {need / GB:.1f} GB of host memory; "
                        f"this node's host tier holds {budget / GB:.1f} GB")
+    # and all of it at once: the host tier, the rank's two training states (one resident, one
+    # prefetched, one written behind, and what its allocator keeps for the next swap), activations
+    # and the copy measurement's tensors. Peak memory measured on a CPU node: 5.2, 7.4 and 12.4 GB
+    # at 48, 96 and 192 MB (Ray's processes included), about 66 bytes per byte of model.
+    need, available = STATE_BENCH_MEMORY_PER_BYTE * size_mb * MB, available_memory()
+    if need > available:
+        raise CliError(f"--size-mb: {size_mb:g} MB needs about {need / GB:.1f} GB of memory at its peak; "
+                       f"this machine has {available / GB:.1f} GB available")
+
+
+STATE_BENCH_MEMORY_PER_BYTE = 66
+
+
+def available_memory() -> int:
+    """Bytes of memory the kernel could give without swapping (``MemAvailable``), else all of it."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _gbps(nbytes: int, seconds: float) -> float:

@@ -6,6 +6,9 @@ import math
 
 import pytest
 
+from engine.bench import MB, STATE_BENCH_MEMORY_PER_BYTE, available_memory
+from engine.state.store import default_host_budget
+
 THROUGHPUTS = {"swap_in_gbps", "swap_out_gbps", "plain_copy_gbps", "plain_copy_out_gbps", "swap_in_vs_copy",
                "swap_out_vs_copy"}
 SECONDS = {"swap_in_unprefetched_s", "swap_in_exposed_s", "switch_unprefetched_s", "switch_prefetched_s"}
@@ -52,3 +55,15 @@ def test_bench_state_bad_input_is_one_line(run_plexrl, flags, field):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"plexrl: error: {field}:"), result.stderr
+
+
+def test_bench_state_refuses_a_size_whose_peak_memory_does_not_fit(run_plexrl):
+    # small enough for the host tier (16 bytes per byte), too big for the run's peak (66 per byte)
+    size_mb = 0.95 * default_host_budget() / 16 / MB
+    assert STATE_BENCH_MEMORY_PER_BYTE * size_mb * MB > available_memory()
+    result = run_plexrl("bench", "state", "--size-mb", f"{size_mb:.0f}", timeout=60)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith("plexrl: error: --size-mb:"), result.stderr
+    assert "GB of memory at its peak" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
