@@ -19,43 +19,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pickle
 import socket
-import struct
 import threading
 from collections.abc import Callable, Collection
 from typing import Any
 
-_HEADER = struct.Struct("<Q")
+from engine.wire import Closed, connect, listen_private, recv, send
+
 _log = logging.getLogger(__name__)
 
 #: the StateManager's calls on a swap's path, served over its node socket too
 FAST_METHODS = frozenset({"plan_read", "done_read", "reserve", "commit", "abort", "record", "set_resident"})
-
-
-class Closed(ConnectionError):
-    """The connection to the manager broke (it died, or restarted with a new socket)."""
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            raise Closed("the StateManager closed the connection")
-        got += k
-    return bytes(buf)
-
-
-def _send(sock: socket.socket, obj: Any) -> None:
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_HEADER.pack(len(payload)) + payload)
-
-
-def _recv(sock: socket.socket) -> Any:
-    (n,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    return pickle.loads(_recv_exact(sock, n))  # noqa: S301 - a 0600 socket of this user (module doc)
 
 
 class Server:
@@ -64,15 +38,7 @@ class Server:
     def __init__(self, path: str, target: Any, methods: Collection[str]):
         self.path, self.target, self.methods = path, target, frozenset(methods)
         self.served = 0  # calls answered (tests and benchmarks see the socket is used)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # created 0600: no window in which another user could connect
-        try:
-            self._sock.bind(path)
-        finally:
-            os.umask(old)
-        self._sock.listen(64)
+        self._sock = listen_private(path)
         threading.Thread(target=self._accept, name="state-fastpath", daemon=True).start()
 
     def _accept(self) -> None:
@@ -87,7 +53,7 @@ class Server:
         with conn:
             while True:
                 try:
-                    method, args, answer = _recv(conn)
+                    method, args, answer = recv(conn)
                 except (Closed, OSError):
                     return
                 try:
@@ -102,7 +68,7 @@ class Server:
                         _log.warning("unanswered %s failed: %s", method, reply[1])
                     continue
                 try:
-                    _send(conn, reply)
+                    send(conn, reply)
                 except OSError:
                     return
 
@@ -138,8 +104,8 @@ class Connections:
         call may or may not have run) or there is none."""
         sock = self._connection()
         try:
-            _send(sock, (method, args, True))
-            ok, value = _recv(sock)
+            send(sock, (method, args, True))
+            ok, value = recv(sock)
         except (Closed, OSError) as exc:
             self._broken(sock)
             raise Closed(str(exc)) from exc
@@ -151,7 +117,7 @@ class Connections:
         """Send the call unanswered (the manager logs its failure); ``Closed`` as for ``call``."""
         sock = self._connection()
         try:
-            _send(sock, (method, args, False))
+            send(sock, (method, args, False))
         except OSError as exc:
             self._broken(sock)
             raise Closed(str(exc)) from exc
@@ -171,12 +137,7 @@ class Connections:
         if sock is None or self._local.path != path:
             if sock is not None:
                 sock.close()
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(path)
-            except OSError as exc:
-                sock.close()
-                self._local.sock = None
-                raise Closed(f"cannot reach the StateManager's socket: {exc}") from exc
+            self._local.sock = None
+            sock = connect(path)
             self._local.sock, self._local.path = sock, path
         return sock
