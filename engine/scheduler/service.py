@@ -9,13 +9,23 @@ job's state from the StateManager while the current call runs.
 The actor is asynchronous (one event loop, no threads): decisions are made one at a time, in the
 order events arrive. It is a named, detached actor so every job's driver reaches the same one;
 ``stop_scheduler`` ends it with the engine.
+
+A Ray actor call costs a millisecond or more on a small node, and a call through the scheduler
+would pay two of them (caller -> scheduler -> rank) where a direct call pays one. Routers on the
+scheduler's node therefore submit over a Unix socket served by the same event loop (``endpoint``;
+framing in ``engine.wire``): the call is queued and run exactly as an actor ``submit``, and its
+answer comes back on the socket (a bulky result is fetched from the rank by the scheduler, as the
+socket cannot carry an object reference). Routers elsewhere, or whose socket broke, use the actor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -23,6 +33,10 @@ import ray
 from engine.api import Request
 from engine.scheduler.core import STEP, Dispatch, Policy, Prefetch, Scheduler
 from engine.scheduler.placement import ROLLOUT_FUNCTIONS
+from engine.wire import frame, listen_private, read_frame
+from engine.workers.group import BULKY
+
+_log = logging.getLogger(__name__)
 
 SCHEDULER_NAME = "plexrl-scheduler"
 
@@ -43,6 +57,10 @@ class SchedulerService:
         self.switches = 0
         self.switch_seconds = 0.0
         self.prefetches = 0
+        self._endpoint: tuple[str, str] | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._socket_tried = False
+        self.socket_calls = 0  # calls submitted over the socket (tests and benchmarks see it is used)
 
     def _now(self) -> float:
         return self._wall_origin + (time.monotonic() - self._origin)
@@ -68,6 +86,68 @@ class SchedulerService:
         if mine is not None:  # dispatched at once: run it in this coroutine (no task to schedule)
             await self._run(mine)
         return await done
+
+    async def endpoint(self) -> tuple[str, str] | None:
+        """(node id, path) of the Unix socket on which routers of this node submit; None when
+        there is none (the actor serves them all). Opened on the first ask."""
+        if not self._socket_tried:
+            self._socket_tried = True
+            from engine.state.store import default_host_dir
+
+            folder = default_host_dir().parent  # this user's folder on the node
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                _remove_stale_sockets(folder)
+                path = str(folder / f"scheduler-{os.getpid()}.sock")
+                self._server = await asyncio.start_unix_server(self._serve, sock=listen_private(path))
+                self._endpoint = (ray.get_runtime_context().get_node_id(), path)
+            except OSError as exc:  # e.g. a path over the 107 bytes a Unix socket may have
+                _log.warning("scheduler: no node socket (%s); routers use the actor", exc)
+        return self._endpoint
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One router's connection: ``(id, method, args)`` frames; ``submit`` is answered with
+        ``(id, ok, value)`` when its call has run (calls run concurrently, answers in any order),
+        ``step`` is not answered."""
+        try:
+            while True:
+                call_id, method, args = await read_frame(reader)
+                if method == "step":
+                    self.step(*args)
+                    continue
+                self.socket_calls += 1
+                task = asyncio.get_running_loop().create_task(self._answer(writer, call_id, args))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the router went away; its calls still run (their answers have nowhere to go)
+        finally:
+            writer.close()
+
+    async def _answer(self, writer: asyncio.StreamWriter, call_id: int, args: tuple) -> None:
+        fn = args[2]
+        try:
+            value, usage = await self.submit(*args)
+            if fn in BULKY:
+                value = await value[0]  # the rank's reference: the socket carries the value
+            reply = frame((call_id, True, (value, usage)))
+        except Exception as exc:  # the router raises it from the call's future
+            reply = _failure_frame(call_id, exc)
+        if writer.is_closing():
+            return
+        writer.write(reply)  # one frame per write, on one event loop: frames never interleave
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+    def close(self) -> None:
+        """Stop serving the socket and remove it (the actor is about to be killed)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._endpoint is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._endpoint[1])
+            self._endpoint = None
 
     def step(self, job: str, stream: str, seq: int) -> None:
         """A step of ``job`` starts after the caller's earlier calls (call ``seq`` of ``stream``)."""
@@ -101,7 +181,9 @@ class SchedulerService:
         call = dispatch.call
         done, request = self._waiting.pop(call.id)
         ranks = self.groups[call.wpgs[0]].ranks
-        outcomes = await asyncio.gather(*[rank.run.remote(request) for rank in ranks], return_exceptions=True)
+        if len(ranks) > 1 and not isinstance(request, ray.ObjectRef):
+            request = ray.put(request)  # stored once for all the ranks (a socket call's arrives by value)
+        outcomes = await _run_on(ranks, request)
         failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
         if failed is not None:
             self.core.complete(call.id, self._now())
@@ -139,6 +221,7 @@ class SchedulerService:
             "switches": self.switches,
             "switch_seconds": self.switch_seconds,
             "prefetches": self.prefetches,
+            "socket_calls": self.socket_calls,
             "estimates": {f"{j}/{fn}": v for (j, fn), v in self.core.estimates.items()},
         }
 
@@ -152,5 +235,42 @@ def scheduler_service(groups: list[Any] | None = None, policy: Policy | None = N
 
 
 def stop_scheduler() -> None:
-    with contextlib.suppress(ValueError):  # none running
-        ray.kill(ray.get_actor(SCHEDULER_NAME))
+    try:
+        handle = ray.get_actor(SCHEDULER_NAME)
+    except ValueError:  # none running
+        return
+    with contextlib.suppress(Exception):  # a dead one cannot remove its socket; the next one will
+        ray.get(handle.close.remote(), timeout=10)
+    ray.kill(handle)
+
+
+async def _run_on(ranks: list, request: Any) -> list:
+    """Each rank's ``run(request)``: its result, or the exception it raised."""
+    if len(ranks) == 1:  # most WPGs: awaited directly, without a task per rank
+        try:
+            return [await ranks[0].run.remote(request)]
+        except Exception as exc:
+            return [exc]
+    return await asyncio.gather(*[rank.run.remote(request) for rank in ranks], return_exceptions=True)
+
+
+def _failure_frame(call_id: int, exc: Exception) -> bytes:
+    """A failed call's answer: the exception itself where it pickles (a rank's error comes as
+    Ray's ``RayTaskError`` subclass of it, made at run time, which does not), else an error of
+    the same class, or a ``RuntimeError``, with its message."""
+    for error in (exc, getattr(exc, "cause", None)):
+        if isinstance(error, Exception):
+            with contextlib.suppress(Exception):
+                return frame((call_id, False, error))
+    return frame((call_id, False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+
+
+def _remove_stale_sockets(folder: Path) -> None:
+    """Scheduler sockets whose process is gone (killed before ``close``)."""
+    for sock in folder.glob("scheduler-*.sock"):
+        try:
+            os.kill(int(sock.stem.removeprefix("scheduler-")), 0)
+        except ProcessLookupError:
+            sock.unlink(missing_ok=True)
+        except (ValueError, PermissionError):
+            continue
