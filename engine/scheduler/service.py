@@ -121,6 +121,8 @@ class SchedulerService:
                 task.add_done_callback(self._tasks.discard)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the router went away; its calls still run (their answers have nowhere to go)
+        except Exception:  # a frame that did not unpickle here: the router's calls fail, then use the actor
+            _log.exception("scheduler: dropping a router's connection")
         finally:
             writer.close()
 
