@@ -2,10 +2,18 @@
 
 Written by the job's driver; read by the CLI and the platform by cursor (``read(after_seq)``), so
 a consumer that restarts loses nothing and, upserting by (job, seq), double-counts nothing.
+
+The engine's supervisor also writes to a job's log: the ``failed`` state of a driver that died. A
+driver that is being killed may still be running for a moment after its death was reported, so
+writers take an exclusive ``flock`` for each append and first read what other writers appended:
+``seq`` goes on after theirs, and once another writer ended the job (a terminal state) this one
+appends nothing more (``LogEnded``), so no ``seq`` is used twice and nothing follows another
+writer's end. A writer may follow its own end (a driver's summary after ``succeeded``).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -13,30 +21,81 @@ import time
 from pathlib import Path
 from typing import Any
 
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+class LogEnded(RuntimeError):
+    """Another writer ended the job (wrote a terminal state) in this log."""
+
 
 class EventLog:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _drop_torn_tail(self.path)  # else the next append would glue onto the torn line
-        last = read_events(self.path)
-        self.seq = last[-1]["seq"] if last else 0
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = self.path.open("ab")
         self._lock = threading.Lock()  # a driver's loop and the service's notes append from two threads
+        with self._locked():
+            _drop_torn_tail(self.path)  # else the next append would glue onto the torn line
+            last = read_events(self.path)
+            self.seq = last[-1]["seq"] if last else 0
+            self._ended = any(_is_terminal(e) for e in last)  # ended by an earlier writer
+            self._size = os.fstat(self._file.fileno()).st_size
+
+    def _locked(self):
+        return _FileLock(self._file.fileno())
 
     def append(self, kind: str, data: dict[str, Any], *, durable: bool = False) -> int:
-        """Append one event; ``durable`` fsyncs (used at every step boundary)."""
-        with self._lock:
+        """Append one event; ``durable`` fsyncs (used at every step boundary). ``LogEnded`` if
+        another writer ended the job."""
+        with self._lock, self._locked():
+            fd = self._file.fileno()
+            size = os.fstat(fd).st_size
+            if size != self._size:  # another writer appended: go on after its events
+                for event in _events_from(self.path, self._size):
+                    self.seq = event["seq"]
+                    self._ended = self._ended or _is_terminal(event)
+                self._size = size
+            if self._ended:
+                raise LogEnded(f"{self.path}: the job's log already ends; {kind} not written")
             self.seq += 1
-            line = json.dumps({"seq": self.seq, "kind": kind, "ts": time.time(), "data": data})
-            self._file.write(line + "\n")
+            event = {"seq": self.seq, "kind": kind, "ts": time.time(), "data": data}
+            line = (json.dumps(event) + "\n").encode()
+            self._file.write(line)
             self._file.flush()
+            self._size += len(line)
             if durable:
-                os.fsync(self._file.fileno())
+                os.fsync(fd)
             return self.seq
 
     def close(self) -> None:
         self._file.close()
+
+
+class _FileLock:
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __enter__(self):
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+
+def _is_terminal(event: dict[str, Any]) -> bool:
+    return event["kind"] == "state" and event["data"].get("state") in TERMINAL_STATES
+
+
+def _events_from(path: Path, offset: int) -> list[dict[str, Any]]:
+    """The whole events written at or after byte ``offset``."""
+    out = []
+    with path.open("rb") as f:
+        f.seek(offset)
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            out.append(json.loads(line))
+    return out
 
 
 def read_events(path: Path, after_seq: int = 0, limit: int | None = None) -> list[dict[str, Any]]:

@@ -31,12 +31,11 @@ from typing import Any
 
 import ray
 
-from engine.eventlog import EventLog, read_events
+from engine.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
 from engine.paths import plexrl_home
 from engine.spec import JobSpec
 
 SERVICE_NAME = "plexrl-engine"
-TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 MAX_EVENTS = 10_000  # per events() call
 
 
@@ -213,9 +212,10 @@ class EngineService:
             self.runs.pop(job_id, None)
             self.cancelling.discard(job_id)
             path = events_path(self.data_dir, job_id)
-            if terminal is not None and job_state(read_events(path)).get("state") not in TERMINAL:
+            if terminal is not None and job_state(read_events(path)).get("state") not in TERMINAL_STATES:
                 log = EventLog(path)
-                log.append("state", terminal, durable=True)
+                with contextlib.suppress(LogEnded):  # the driver wrote its own end meanwhile
+                    log.append("state", terminal, durable=True)
                 log.close()
 
     def _watch(self) -> None:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from engine.client import Client
-from engine.eventlog import EventLog, read_events
+from engine.eventlog import EventLog, LogEnded, read_events
 
 
 @pytest.fixture
@@ -179,3 +179,22 @@ def test_a_killed_consumer_resumes_by_cursor_and_sees_every_event_once(tmp_path)
     seen = [row[0] for row in con.execute("SELECT seq FROM seen ORDER BY rowid")]
     con.close()
     assert seen == list(range(1, total + 1))
+
+
+def test_a_second_writer_goes_on_after_the_first_and_nothing_follows_the_end(tmp_path):
+    """The supervisor writes a dead driver's end while the driver may still run for a moment: seq
+    goes on after what the driver wrote, and the driver can append nothing after the end."""
+    path = tmp_path / "events.jsonl"
+    driver = EventLog(path)
+    driver.append("metrics", {"step": 1})
+    supervisor = EventLog(path)
+    driver.append("usage", {"call": 1})  # after the supervisor opened the log
+    assert supervisor.append("state", {"state": "failed", "reason": "driver ended"}) == 3
+    with pytest.raises(LogEnded):
+        driver.append("usage", {"call": 2})
+    with pytest.raises(LogEnded):
+        EventLog(path).append("log", {"line": "late"})
+    assert supervisor.append("log", {"line": "its own end may be followed"}) == 4
+    events = read_events(path)
+    assert [e["seq"] for e in events] == [1, 2, 3, 4]
+    assert events[2]["data"] == {"state": "failed", "reason": "driver ended"}
