@@ -302,8 +302,11 @@ class Scheduler:
 
     def setup_estimate(self, call: Call) -> tuple[float, tuple[str, ...]]:
         """Estimated switch seconds of ``call`` and the WPGs where its state is not resident."""
-        switches = tuple(w for w in call.wpgs if not self.wpgs[w].is_resident(call.deployment))
-        seconds = sum((self.switch_costs.get((call.deployment, w), self.policy.default_setup_s) for w in switches), 0.0)
+        deployment = call.deployment
+        switches = tuple(w for w in call.wpgs if not self.wpgs[w].is_resident(deployment))
+        if not switches:
+            return 0.0, switches
+        seconds = sum((self.switch_costs.get((deployment, w), self.policy.default_setup_s) for w in switches), 0.0)
         return seconds, switches
 
     def ratio(self, call: Call, now: float, setup_s: float | None = None) -> float:
@@ -337,10 +340,12 @@ class Scheduler:
         eligible = self.eligible(now)
         overdue = now - self.policy.max_wait_s
         # ranked before anything starts, so the WPGs free now are those the filter must see
-        candidates = [c for c in eligible if c.submitted <= overdue or all(w in self._free for w in c.wpgs)]
+        candidates = [c for c in eligible if c.submitted <= overdue or self._free.issuperset(c.wpgs)]
         setups = {c.id: self.setup_estimate(c) for c in candidates}
         started: list[str] = []
-        for call in sorted(candidates, key=lambda c: self._key(c, now, setups[c.id])):
+        if len(candidates) > 1:  # one alone needs no ranking: its WPGs are free or it waits
+            candidates.sort(key=lambda c: self._key(c, now, setups[c.id]))
+        for call in candidates:
             if not all(self.wpgs[w].running is None and w not in held for w in call.wpgs):
                 if now - call.submitted >= self.policy.max_wait_s:
                     held.update(call.wpgs)

@@ -26,7 +26,9 @@ and it pays only for the calls it ran (usage records from the core, as live bill
 
 from __future__ import annotations
 
+import functools
 import heapq
+import itertools
 import math
 import time
 from collections import defaultdict, deque
@@ -36,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.collector import collector_paused
 from engine.metering import UsageRecord, device_seconds
 from engine.scheduler.core import STEP, Dispatch, Policy, Scheduler
 from engine.scheduler.placement import assign_wpgs
@@ -344,6 +347,12 @@ def workload_job(w: Workload, p: StepPlan) -> SimJob:
                    (ROLE, "train"): switch_s(w, c, "train", c.train_gpus)}, stages)
 
 
+@functools.cache
+def _stream(i: int) -> str:
+    """The stream of a stage's ``i``-th parallel call (the step marks go on ``s0``)."""
+    return f"s{i}"
+
+
 @dataclass(eq=False)
 class _Running:
     """A job in a pool: where its calls go and how far it got."""
@@ -377,12 +386,10 @@ def run_pools(mode: str, pools: list[Pool], jobs: list[SimJob], *, admit_load: f
         by_class[pool.cls].append(pool)
     wpg_of = {g.name: g for pool in pools for g in pool.rollout + pool.train}
     heap: list[tuple[float, int, str, Any]] = []
-    counter = 0
+    order = itertools.count(1)  # ties in time: first pushed, first out
 
     def push(t: float, kind: str, data: Any) -> None:
-        nonlocal counter
-        counter += 1
-        heapq.heappush(heap, (t, counter, kind, data))
+        heapq.heappush(heap, (t, next(order), kind, data))
 
     queue: deque[SimJob] = deque()
     running: dict[str, _Running] = {}
@@ -459,7 +466,7 @@ def run_pools(mode: str, pools: list[Pool], jobs: list[SimJob], *, admit_load: f
                 wpgs = (r.rollout[spec.replica],)
             else:
                 wpgs = (r.train, *r.rollout)
-            call = r.pool.scheduler.submit(r.job.id, spec.role, spec.fn, wpgs, now, stream=f"s{i}")
+            call = r.pool.scheduler.submit(r.job.id, spec.role, spec.fn, wpgs, now, stream=_stream(i))
             calls[(r.pool.name, call.id)] = (r, spec.seconds, 0.0)
             r.outstanding += 1
         return [r.pool]
@@ -545,12 +552,13 @@ def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admit_load: flo
 def run_mode(mode: str, w: Workload, plans: list[StepPlan], **kwargs: Any) -> ModeResult:
     """Run one mode; ``on_done=f`` calls ``f()`` as each job completes (progress bars)."""
     t0 = time.perf_counter()
-    if mode in ("isolated_split", "async_split", "colocated"):
-        result = run_dedicated(mode, w, plans, **kwargs)
-    elif mode in SHARED_MODES:
-        result = run_shared(mode, w, plans, **kwargs)
-    else:
-        raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
+    with collector_paused():  # every call and usage record stays alive to the end of the mode
+        if mode in ("isolated_split", "async_split", "colocated"):
+            result = run_dedicated(mode, w, plans, **kwargs)
+        elif mode in SHARED_MODES:
+            result = run_shared(mode, w, plans, **kwargs)
+        else:
+            raise ValueError(f"unknown mode {mode!r} (one of {', '.join(MODES)})")
     result.wall_seconds = time.perf_counter() - t0
     return result
 

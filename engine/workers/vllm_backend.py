@@ -23,13 +23,11 @@ device slots and answer with ``None``); only the CPU path is tested here.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import math
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,7 @@ from typing import Any
 import torch
 
 from engine.api import Completion, SamplingParams
+from engine.collector import collector_paused
 from engine.workers.backend import Backend, Deployment, state_id
 from engine.workers.checkpoint import read_safetensors
 from engine.workers.layout import WHOLE
@@ -74,21 +73,6 @@ def engine_options(world_size: int) -> dict[str, Any]:
         "max_num_seqs": 1024,
         "max_num_batched_tokens": 16384,
     }
-
-
-@contextmanager
-def collector_paused():
-    """Python's cyclic garbage collector off while the block runs (reference counting still frees
-    what it can; cycles wait for the next collection). A wide generate call allocates objects by
-    the million (requests, KV block lists, outputs), and the collections they trigger
-    rescan everything still alive in the engine: about a sixth of a call's time here."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _set_vllm_env(threads: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import subprocess
 import sys
@@ -293,3 +294,18 @@ def test_from_bench_uses_only_the_isolated_runs():
                         for e in bench["per_job"]]
     blind |= {"shared_device_seconds": 1.0, "makespan_s": 1.0}  # what (b) measured: only compared against
     assert predict(blind)["predicted"] == predict(bench)["predicted"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_mode_runs_with_the_cyclic_collector_paused_and_restores_it(mode):
+    w = dataclasses.replace(PRESETS["paper-math"], gpus=512, steps_min=2, steps_max=3)
+    plans = plan_all(w, generate_jobs(w, 3, 0))
+    seen = []
+    for before in (True, False):
+        (gc.enable if before else gc.disable)()
+        try:
+            run_mode(mode, w, plans, on_done=lambda: seen.append(gc.isenabled()))
+            assert gc.isenabled() is before
+        finally:
+            gc.enable()
+    assert seen and not any(seen)

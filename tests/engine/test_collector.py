@@ -1,0 +1,27 @@
+"""engine.collector: the cyclic collector paused around a block, and restored after it."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from engine.collector import collector_paused
+
+
+def test_the_collector_is_off_inside_and_back_on_after_even_on_error():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector_paused():
+        assert not gc.isenabled()
+        raise RuntimeError("boom")
+    assert gc.isenabled()
+
+
+def test_a_collector_that_was_off_stays_off():
+    gc.disable()
+    try:
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
