@@ -18,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from accounts import websocket
 from accounts.models import (
     TOKEN_DISPLAY_CHARS,
     TOKEN_MAX_DAYS,
@@ -158,8 +159,8 @@ def member_set_role(*, organization: Organization, actor: User | None, user: Use
 @transaction.atomic
 def member_remove(*, organization: Organization, actor: User | None, user: User) -> None:
     """Remove a member and revoke their tokens of this organization (so re-adding them later does
-    not bring old tokens back). Only owners remove owners; the last owner stays. Called by the
-    members API."""
+    not bring old tokens back); their open sockets in it close after commit. Only owners remove
+    owners; the last owner stays. Called by the members API."""
     organization = _lock(organization)
     membership = Membership.objects.select_related("user").get(organization=organization, user=user)
     if membership.role == Role.OWNER:
@@ -169,6 +170,7 @@ def member_remove(*, organization: Organization, actor: User | None, user: User)
         revoked_at=timezone.now()
     )
     membership.delete()
+    websocket.close_sockets_on_commit(websocket.member_group(user.pk, organization.pk))
     audit_record(
         organization=organization,
         actor=actor,
@@ -215,8 +217,8 @@ def token_create(
 
 @transaction.atomic
 def token_revoke(*, token: ApiToken, actor: User | None) -> ApiToken:
-    """Revoke a token; its user or an admin/owner of its organization may. Revoking a revoked token
-    changes nothing. Called by ``POST tokens/{id}/revoke/``."""
+    """Revoke a token, closing the sockets it opened after commit; its user or an admin/owner of its
+    organization may. Revoking a revoked token changes nothing. Called by ``POST tokens/{id}/revoke/``."""
     token = ApiToken.objects.select_for_update().select_related("user", "organization").get(pk=token.pk)
     if actor is not None and actor.pk != token.user_id:
         role = _role_of(user=actor, organization=token.organization)
@@ -226,6 +228,7 @@ def token_revoke(*, token: ApiToken, actor: User | None) -> ApiToken:
         return token
     token.revoked_at = timezone.now()
     token.save(update_fields=["revoked_at"])
+    websocket.close_sockets_on_commit(websocket.token_group(token.pk))
     audit_record(
         organization=token.organization,
         actor=actor,

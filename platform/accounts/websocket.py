@@ -21,30 +21,43 @@ browser's ``WebSocket`` can read (a refused handshake only shows 1006).
 
 The middleware sets ``scope["user"]`` (``AnonymousUser`` when unauthenticated),
 ``scope["organization"]`` and ``scope["membership"]`` (None without one), ``scope["auth"]``
-(``"ticket"``, ``"token"``, ``"session"`` or None) and ``scope["auth_error"]``.
+(``"ticket"``, ``"token"``, ``"session"`` or None), ``scope["token"]`` (the ``ApiToken`` of a
+token connection, else None) and ``scope["auth_error"]``.
+
+Credentials that end close the sockets they opened, at once, not at the next connect: a consumer
+joins its connection's ``credential_groups`` and closes with 4401 on a ``credentials.ended``
+message, which ``close_sockets_on_commit`` sends when a token is revoked or a member removed; a
+token's expiry closes its sockets on a timer (``seconds_left``).
 """
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs
 
+from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.middleware import BaseMiddleware
 from channels.security.websocket import OriginValidator
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth.models import AnonymousUser
 from django.core import signing
+from django.db import transaction
 from django.http.cookie import parse_cookie
+from django.utils import timezone
 from django.utils.module_loading import import_string
 from rest_framework import exceptions
 
 from accounts import selectors
 from accounts.api import session_membership, token_membership
 from accounts.authentication import BearerTokenAuthentication
-from accounts.models import Membership, Organization, User
+from accounts.models import ApiToken, Membership, Organization, User
+
+logger = logging.getLogger(__name__)
 
 TICKET_MAX_AGE_S = 60
 _TICKET_SALT = "plexrl.accounts.websocket-ticket"
@@ -108,7 +121,7 @@ def authenticate_scope(scope: dict[str, Any]) -> dict[str, Any]:
     """What ``WebsocketAuthMiddleware`` adds to a connection's scope (see the module docstring).
     Synchronous (it queries the database)."""
     found: dict[str, Any] = {"user": AnonymousUser(), "organization": None, "membership": None,
-                             "auth": None, "auth_error": None}
+                             "auth": None, "token": None, "auth_error": None}
     ticket = parse_qs(scope.get("query_string", b"").decode("latin1")).get("ticket")
     authorization = _header(scope, b"authorization")
     try:
@@ -121,7 +134,7 @@ def authenticate_scope(scope: dict[str, Any]) -> dict[str, Any]:
                 raise exceptions.AuthenticationFailed("Invalid Authorization header: expected 'Bearer <token>'.")
             user, token = BearerTokenAuthentication().authenticate_token(parts[1])
             membership = token_membership(user=user, token=token)
-            found["auth"] = "token"
+            found.update(auth="token", token=token)
         elif _header(scope, b"origin") is not None:  # a browser, its Origin already validated
             user, session = _session_user(_header(scope, b"cookie"))
             if not user.is_authenticated:
@@ -159,3 +172,73 @@ class BrowserOriginValidator(OriginValidator):
 
     def valid_origin(self, parsed_origin) -> bool:
         return parsed_origin is None or self.validate_origin(parsed_origin)
+
+
+# --- sockets whose credentials end ---------------------------------------------------------------
+
+CREDENTIALS_ENDED = "credentials.ended"  # the message type (a consumer's ``credentials_ended``)
+
+
+def token_group(token_id: int) -> str:
+    """The Channels group of the sockets one API token opened."""
+    return f"auth-token-{token_id}"
+
+
+def member_group(user_id: int, organization_id: int) -> str:
+    """The Channels group of the sockets a user opened in one organization (any credential)."""
+    return f"auth-member-{user_id}-{organization_id}"
+
+
+def credential_groups(scope: dict[str, Any]) -> list[str]:
+    """The groups an authenticated connection joins to hear that its credentials ended."""
+    groups = []
+    if scope.get("token") is not None:
+        groups.append(token_group(scope["token"].pk))
+    if scope.get("organization") is not None:
+        groups.append(member_group(scope["user"].pk, scope["organization"].pk))
+    return groups
+
+
+def seconds_left(scope: dict[str, Any]) -> float | None:
+    """Seconds until the connection's token expires (None: no token, or one without expiry)."""
+    token = scope.get("token")
+    if token is None or token.expires_at is None:
+        return None
+    return max(0.0, (token.expires_at - timezone.now()).total_seconds())
+
+
+def credentials_valid(scope: dict[str, Any]) -> bool:
+    """Whether the connection's credentials still hold: its token neither revoked nor expired, its
+    user still a member of its organization. A consumer asks once after joining its groups, so a
+    revocation that committed between authentication and the join is not missed. Synchronous."""
+    token = scope.get("token")
+    if token is not None:
+        fresh = ApiToken.objects.filter(pk=token.pk).first()
+        if fresh is None or fresh.revoked_at is not None or fresh.is_expired():
+            return False
+    organization = scope.get("organization")
+    return organization is None or selectors.membership_of(user=scope["user"], organization=organization) is not None
+
+
+def group_send(group: str, message: dict[str, Any]) -> bool:
+    """Send ``message`` to ``group`` now; False, logged, when the channel layer is down or missing
+    (never raises: callers' writes have committed already). Used by every live push."""
+    try:
+        layer = get_channel_layer()
+        if layer is None:
+            return False
+        async_to_sync(layer.group_send)(group, message)
+        return True
+    except Exception:
+        logger.warning("live push to %s failed", group, exc_info=True)
+        return False
+
+
+def close_sockets_on_commit(*groups: str) -> None:
+    """Once the current transaction commits, close every socket in ``groups`` with 4401."""
+
+    def send() -> None:
+        for group in groups:
+            group_send(group, {"type": CREDENTIALS_ENDED})
+
+    transaction.on_commit(send)

@@ -27,10 +27,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.db import transaction
 
+from accounts import websocket
 from billing.models import UsageEntry
 from jobs.models import Job, JobEvent, JobMetric
 
@@ -103,18 +102,11 @@ def usage_message(entry: UsageEntry) -> dict[str, Any]:
 def send(group: str, messages: list[dict[str, Any]]) -> None:
     """Send ``messages`` to ``group`` now, in batches (the consumers' ``push`` handler). Never
     raises: a channel layer that is down or missing is logged and the messages are dropped."""
-    if not messages:
-        return
-    try:
-        layer = get_channel_layer()
-        if layer is None:
+    for i in range(0, len(messages), BATCH):
+        if not websocket.group_send(group, {"type": "push", "messages": messages[i:i + BATCH]}):
+            logger.warning("live push of %d messages to %s dropped; clients catch up when they reconnect",
+                           len(messages) - i, group)
             return
-        group_send = async_to_sync(layer.group_send)
-        for i in range(0, len(messages), BATCH):
-            group_send(group, {"type": "push", "messages": messages[i:i + BATCH]})
-    except Exception:
-        logger.warning("live push of %d messages to %s failed; clients catch up when they reconnect",
-                       len(messages), group, exc_info=True)
 
 
 def send_on_commit(group: str, messages: Iterable[dict[str, Any]]) -> None:

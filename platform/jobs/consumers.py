@@ -16,11 +16,16 @@ Both follow the same protocol (message shapes in ``jobs.broadcast``):
    point is still new to the client.
 
 A client that reconnects passes the highest seq it received as ``?last_seq=`` and gets the rest.
-Membership is checked on connect only; a removed member's open sockets last until they close.
+
+A connection whose credentials end is closed with 4401 at once: its token revoked or expired, its
+user removed from the organization (``accounts.websocket``: the consumer joins the connection's
+credential groups before it accepts, checks the credentials once more after the join, and sets a
+timer for the token's expiry).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 from urllib.parse import parse_qs
@@ -29,6 +34,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.http import Http404
 
+from accounts import websocket
 from jobs import broadcast, cluster, selectors
 from jobs.models import Job
 
@@ -49,6 +55,8 @@ class _ReplayingConsumer(AsyncJsonWebsocketConsumer):
 
     group: str | None = None
     replayed_through = 0  # the highest point seq the replay sent (or the client already had)
+    credential_groups: tuple[str, ...] = ()
+    expiry: asyncio.Task | None = None  # closes the socket when its token expires
 
     def last_seq(self) -> int | None:
         """``?last_seq=N`` (N >= 0; default 0), or None when malformed."""
@@ -65,14 +73,36 @@ class _ReplayingConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         await self.close(code=code)
 
-    async def join(self, group: str) -> None:
+    async def join(self, group: str) -> bool:
+        """Join ``group`` and the connection's credential groups, then accept; False (the socket
+        closed with 4401) when the credentials ended before the join."""
         self.group = group
-        await self.channel_layer.group_add(group, self.channel_name)
+        self.credential_groups = tuple(websocket.credential_groups(self.scope))
+        for name in (group, *self.credential_groups):
+            await self.channel_layer.group_add(name, self.channel_name)
         await self.accept()
+        if not await database_sync_to_async(websocket.credentials_valid)(self.scope):
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return False
+        left = websocket.seconds_left(self.scope)
+        if left is not None:
+            self.expiry = asyncio.create_task(self._close_after(left))
+        return True
+
+    async def _close_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        await self.close(code=CLOSE_UNAUTHENTICATED)
+
+    async def credentials_ended(self, event: dict[str, Any]) -> None:
+        """A group message of ``accounts.websocket.close_sockets_on_commit``."""
+        await self.close(code=CLOSE_UNAUTHENTICATED)
 
     async def disconnect(self, code: int) -> None:
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.expiry is not None:
+            self.expiry.cancel()
+        for name in (self.group, *self.credential_groups):
+            if name is not None:
+                await self.channel_layer.group_discard(name, self.channel_name)
 
     async def receive_json(self, content: Any, **kwargs) -> None:
         """Clients only listen; anything they send is ignored."""
@@ -98,7 +128,8 @@ class JobConsumer(_ReplayingConsumer):
         job = await self._job(job_id)
         if job is None:
             return await self.refuse(CLOSE_NOT_FOUND)
-        await self.join(broadcast.job_group(job.pk))
+        if not await self.join(broadcast.job_group(job.pk)):
+            return
         job = await self._job(job_id)  # the snapshot: read after joining, before the rows
         if job is None:  # deleted in between
             return await self.close(code=CLOSE_NOT_FOUND)
@@ -174,7 +205,8 @@ class ClusterConsumer(_ReplayingConsumer):
         after = self.last_seq()
         if after is None:
             return await self.refuse(CLOSE_BAD_REQUEST)
-        await self.join(broadcast.CLUSTER_GROUP)
+        if not await self.join(broadcast.CLUSTER_GROUP):
+            return
         entries = await database_sync_to_async(cluster.recent_usage)(
             since=time.time() - CLUSTER_REPLAY_WINDOW_S, after_seq=after, limit=CLUSTER_REPLAY_MAX)
         self.replayed_through = max([after, *(entry.pk for entry in entries)])

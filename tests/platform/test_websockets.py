@@ -199,6 +199,102 @@ async def test_a_session_cookie_needs_an_allowed_origin(tenant):
     await communicator.disconnect()
 
 
+# --- credentials that end close their sockets ------------------------------------------------------
+
+
+def token_header(user, organization, **kwargs) -> tuple[tuple[bytes, bytes], ApiToken]:
+    token, plaintext = accounts_services.token_create(user=user, organization=organization, name="ws", **kwargs)
+    return (b"authorization", f"Bearer {plaintext}".encode()), token
+
+
+async def closes_with(communicator: WebsocketCommunicator, timeout: float = 3) -> int:
+    """The close code of an open connection's next close (skipping data messages)."""
+    while True:
+        message = await communicator.receive_output(timeout=timeout)
+        if message["type"] == "websocket.close":
+            return message["code"]
+
+
+@pytest.mark.asyncio
+async def test_revoking_a_token_closes_the_sockets_it_opened_and_no_others(tenant):
+    job = await database_sync_to_async(make_job)(tenant)
+    header, token = await database_sync_to_async(token_header)(tenant.member, tenant.organization)
+    other, _ = await database_sync_to_async(token_header)(tenant.member, tenant.organization)
+    on_job = await connect(f"/ws/jobs/{job.pk}/", header)
+    on_cluster = await connect("/ws/cluster/", header)
+    bystander = await connect(f"/ws/jobs/{job.pk}/", other)
+    assert (await on_job.receive_json_from(timeout=3))["type"] == "job"
+    assert (await bystander.receive_json_from(timeout=3))["type"] == "job"
+    await database_sync_to_async(accounts_services.token_revoke)(token=token, actor=tenant.member)
+    assert await closes_with(on_job) == 4401
+    assert await closes_with(on_cluster) == 4401
+    assert await bystander.receive_nothing(QUIET)
+    # the other token's socket still receives live points
+    await database_sync_to_async(ingest)(job, [metrics(1, 1)])
+    assert [(m["type"], m["seq"]) for m in await receive(bystander, 1)] == [("metrics", 1)]
+    for communicator in (on_job, on_cluster, bystander):
+        await communicator.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_removing_a_member_closes_their_sockets_in_that_organization(tenant, other_tenant):
+    job = await database_sync_to_async(make_job)(tenant)
+
+    def setup():
+        accounts_services.member_add(organization=other_tenant.organization, actor=None, user=tenant.member,
+                                     role="viewer")
+        cookie = session_cookie(tenant.member)
+        ticket = websocket.ticket_issue(user=tenant.member, organization=tenant.organization)
+        elsewhere = websocket.ticket_issue(user=tenant.member, organization=other_tenant.organization)
+        return cookie, ticket, elsewhere
+
+    cookie, ticket, elsewhere = await database_sync_to_async(setup)()
+    by_session = await connect(f"/ws/jobs/{job.pk}/", cookie, ORIGIN)
+    by_ticket = await connect("/ws/cluster/?ticket=" + ticket)
+    in_other = await connect("/ws/cluster/?ticket=" + elsewhere)
+    assert (await by_session.receive_json_from(timeout=3))["type"] == "job"
+    await database_sync_to_async(accounts_services.member_remove)(organization=tenant.organization, actor=None,
+                                                                  user=tenant.member)
+    assert await closes_with(by_session) == 4401
+    assert await closes_with(by_ticket) == 4401
+    assert await in_other.receive_nothing(QUIET)  # still a member there
+    for communicator in (by_session, by_ticket, in_other):
+        await communicator.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_a_token_that_expires_while_connected_closes_its_socket_then(tenant):
+    job = await database_sync_to_async(make_job)(tenant)
+
+    def expiring():
+        header, token = token_header(tenant.viewer, tenant.organization, expires_in_days=1)
+        ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() + timedelta(seconds=1.5))
+        return header
+
+    communicator = await connect(f"/ws/jobs/{job.pk}/", await database_sync_to_async(expiring)())
+    assert (await communicator.receive_json_from(timeout=3))["type"] == "job"
+    assert await communicator.receive_nothing(0.5)  # open until it expires
+    assert await closes_with(communicator, timeout=5) == 4401
+    await communicator.disconnect()
+
+
+def test_credentials_are_checked_again_after_the_join(tenant):
+    """What a consumer asks once it has joined its groups: a revocation that committed between
+    authentication and the join still closes the socket."""
+    header, token = token_header(tenant.member, tenant.organization)
+    scope = websocket.authenticate_scope({"headers": [header], "query_string": b""})
+    assert scope["token"] == token
+    assert websocket.credential_groups(scope) == [websocket.token_group(token.pk),
+                                                  websocket.member_group(tenant.member.pk, tenant.organization.pk)]
+    assert websocket.credentials_valid(scope)
+    accounts_services.token_revoke(token=token, actor=None)
+    assert not websocket.credentials_valid(scope)
+    header, _ = token_header(tenant.member, tenant.organization)
+    scope = websocket.authenticate_scope({"headers": [header], "query_string": b""})
+    accounts_services.member_remove(organization=tenant.organization, actor=None, user=tenant.member)
+    assert not websocket.credentials_valid(scope)
+
+
 # --- the job socket --------------------------------------------------------------------------------
 
 
