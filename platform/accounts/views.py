@@ -2,9 +2,15 @@
 
 Thin views: each validates input with a serializer, calls one service (writes) or selector (reads)
 and serializes the result. The organization and the role check come from ``accounts.api``.
+Also the sign-in page's throttled view (``ThrottledLoginView``).
 """
 
+import math
+from typing import Any
+
+from django.contrib.auth import views as auth_views
 from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.generics import get_object_or_404
@@ -68,6 +74,26 @@ class ObtainTokenView(APIView):
             expires_in_days=data.get("expires_days"),
         )
         return _created_token(token, plaintext)
+
+
+class ThrottledLoginView(auth_views.LoginView):
+    """The sign-in page (``/accounts/login/``), django.contrib.auth's, with its POSTs throttled per
+    client address like ``POST auth/token/`` (scope "login" in ``DEFAULT_THROTTLE_RATES``). Past the
+    rate the page answers 429 with a ``Retry-After`` and an empty form, and checks no password."""
+
+    throttle_scope = "login"
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        throttle = ScopedRateThrottle()
+        if throttle.allow_request(request, self):
+            return super().post(request, *args, **kwargs)
+        wait = math.ceil(throttle.wait() or 1)
+        context = self.get_context_data(form=self.get_form_class()(request),
+                                        throttled=f"Too many sign-in attempts from your address: try again in "
+                                                  f"{wait} seconds.")
+        response = self.render_to_response(context, status=429)
+        response["Retry-After"] = str(wait)
+        return response
 
 
 class TokenListCreateView(OrgGenericAPIView):

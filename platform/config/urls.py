@@ -4,8 +4,9 @@ under /accounts/."""
 
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from accounts.views import ThrottledLoginView
 from config import views
 
 urlpatterns = [
@@ -14,7 +15,8 @@ urlpatterns = [
     path("api/v1/", include("jobs.urls")),
     path("api/v1/", include("billing.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
+    path("accounts/login/", ThrottledLoginView.as_view(), name="login"),  # before the include's own
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("", include("config.pages")),

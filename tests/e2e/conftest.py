@@ -76,13 +76,18 @@ def browser():
 
 @pytest.fixture
 def page(browser, live_platform):
-    """A fresh browser context (no cookies) at a laptop's screen size; downloads allowed."""
+    """A fresh browser context (no cookies) at a laptop's screen size; downloads allowed. The
+    pages' Content-Security-Policy is enforced, and the test fails if anything on them broke it."""
     context = browser.new_context(base_url=live_platform.url, viewport={"width": 1366, "height": 768},
                                   accept_downloads=True)
     context.set_default_timeout(30_000)
     page = context.new_page()
+    violations: list[str] = []
+    page.on("console", lambda message: violations.append(message.text)
+            if "Content Security Policy" in message.text else None)
     yield page
     context.close()
+    assert not violations, violations
 
 
 def screenshot(page, name: str) -> Path:

@@ -29,8 +29,8 @@ def _rows(page) -> int:
 
 
 def _wait_for_rows(page, at_least: int, timeout_s: float = 180) -> int:
-    page.wait_for_function(f"document.querySelectorAll('#step-rows tr').length >= {at_least}",
-                           timeout=timeout_s * 1000)
+    # a locator wait, not wait_for_function: that evaluates a string, which the page's CSP forbids
+    expect(page.locator("#step-rows tr").nth(at_least - 1)).to_be_attached(timeout=timeout_s * 1000)
     return _rows(page)
 
 
