@@ -9,11 +9,16 @@ import pytest
 from engine.collector import collector_paused
 
 
-def test_the_collector_is_off_inside_and_back_on_after_even_on_error():
-    assert gc.isenabled()
-    with pytest.raises(RuntimeError), collector_paused():
+def _fails_inside() -> None:
+    with collector_paused():
         assert not gc.isenabled()
         raise RuntimeError("boom")
+
+
+def test_the_collector_is_off_inside_and_back_on_after_even_on_error():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="boom"):
+        _fails_inside()
     assert gc.isenabled()
 
 

@@ -308,4 +308,5 @@ def test_a_mode_runs_with_the_cyclic_collector_paused_and_restores_it(mode):
             assert gc.isenabled() is before
         finally:
             gc.enable()
-    assert seen and not any(seen)
+    assert seen
+    assert not any(seen)
