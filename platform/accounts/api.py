@@ -24,23 +24,29 @@ rules (a member cancels their own jobs, an admin anyone's) call ``require_role``
 ``tests/platform/test_api_schema.py`` checks that every view under ``/api/v1/`` uses this mixin.
 """
 
+import logging
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from django.conf import settings
 from django.contrib.sessions.backends.base import SessionBase
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import HttpRequest
 from rest_framework import exceptions, serializers
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 from rest_framework.viewsets import GenericViewSet
 
 from accounts import selectors
 from accounts.models import ApiToken, Membership, Organization, Role, User
+
+logger = logging.getLogger(__name__)
 
 # Where a browser session keeps its current organization (switched by POST organizations/{id}/switch/).
 ORGANIZATION_SESSION_KEY = "organization_id"
@@ -285,9 +291,30 @@ class EmptySerializer(StrictFieldsMixin, serializers.Serializer):
     """The body of an action that takes no input (revoke, switch): any field is an error."""
 
 
+class PayloadTooLarge(exceptions.APIException):
+    status_code = 413
+    default_detail = "The request body is too large."
+    default_code = "payload_too_large"
+
+
 def exception_handler(exc: Exception, context: dict) -> Any:
-    """DRF's handler, plus Django's ``ValidationError`` (raised by services) as a 400 with the same
-    shape as a serializer's errors. Set as ``REST_FRAMEWORK["EXCEPTION_HANDLER"]``."""
+    """DRF's handler, plus:
+
+    - Django's ``ValidationError`` (raised by services) as a 400 with the same shape as a
+      serializer's errors;
+    - a body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` as a 413 saying the limit;
+    - any other error as a 500 with a fixed message, the error and its traceback in the server's
+      log only (never in the response, whatever DEBUG says: a message may hold a secret).
+
+    Set as ``REST_FRAMEWORK["EXCEPTION_HANDLER"]``."""
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(detail=serializers.as_serializer_error(exc))
-    return drf_exception_handler(exc, context)
+    elif isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        exc = PayloadTooLarge(f"The request body is too large: at most {limit} bytes.")
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        view = context.get("view")
+        logger.error("unhandled error in %s", type(view).__name__ if view else "an API view", exc_info=exc)
+        response = Response({"detail": "Internal server error; it has been logged."}, status=500)
+    return response

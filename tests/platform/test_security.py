@@ -68,3 +68,29 @@ def test_the_ui_forms_need_the_csrf_token():
                                             "csrfmiddlewaretoken": token}).status_code == 302
     assert client.post("/accounts/password_change/", {"old_password": PASSWORD, "new_password1": "n3w-Pass-word!",
                                                       "new_password2": "n3w-Pass-word!"}).status_code == 403
+
+
+def test_an_unexpected_api_error_answers_500_without_its_message_or_traceback(tenant, token_client, monkeypatch,
+                                                                               caplog):
+    from jobs import selectors
+
+    def broken(**kwargs):
+        raise RuntimeError("connection to db://admin:hunter2@10.0.0.1 failed")
+
+    monkeypatch.setattr(selectors, "jobs_of", broken)
+    response = token_client(tenant.owner, tenant.organization).get("/api/v1/jobs/")
+    assert response.status_code == 500
+    assert response.json() == {"detail": "Internal server error; it has been logged."}
+    assert b"hunter2" not in response.content
+    assert b"Traceback" not in response.content
+    assert "hunter2" in caplog.text  # the server's log has it
+
+
+def test_an_oversized_body_answers_413_with_the_limit(tenant, token_client, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    client = token_client(tenant.owner, tenant.organization)
+    response = client.post("/api/v1/jobs/", {"name": "x", "spec": {"task": "arith", "model": "m" * 20_000}},
+                           format="json")
+    assert response.status_code == 413
+    assert response.json() == {"detail": "The request body is too large: at most 10000 bytes."}
+    assert client.get("/api/v1/jobs/").json()["count"] == 0  # nothing created
