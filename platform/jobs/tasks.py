@@ -3,13 +3,20 @@
 Every task is idempotent: tasks are acknowledged late, so a lost worker means redelivery. Launch
 is safe to repeat because the engine's submit is idempotent by job id; the pull is safe because
 ingestion upserts by (job, seq) behind the job's cursor.
+
+Redelivery of a task whose worker was killed waits for the broker's visibility timeout (an hour on
+Redis), too long for a launch: the periodic pull launches again any job still unknown to the engine
+``RELAUNCH_AFTER`` after it was created (``pull_events``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+from datetime import timedelta
 
 from celery import shared_task
+from django.utils import timezone
 
 from engine.errors import EngineError
 from engine.service import UnknownJob
@@ -18,6 +25,11 @@ from jobs.engine import engine
 from jobs.models import TERMINAL_STATES, Job, JobState
 
 PULL_BATCH = 1000
+# A job the engine still does not know this long after its creation lost its launch (its worker
+# died mid-task): the pull launches it again. Well above a launch's own time (seconds).
+RELAUNCH_AFTER = timedelta(seconds=30)
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task
@@ -63,8 +75,12 @@ def pull_events(job_id: int) -> int:
         job = Job.objects.get(pk=job_id)
         try:
             batch = engine().events(job.engine_id, job.event_cursor, PULL_BATCH)
-        except UnknownJob:
-            return total  # not launched yet
+        except UnknownJob:  # not launched yet, or its launch was lost
+            if job.state in (JobState.QUEUED, JobState.PAUSED) and timezone.now() - job.created_at > RELAUNCH_AFTER:
+                logger.warning("job %s is unknown to the engine %s after its creation: launching it again",
+                               job.pk, RELAUNCH_AFTER)
+                launch_job(job_id)
+            return total
         if not batch:
             if job.state in TERMINAL_STATES:
                 status = engine().status(job.engine_id)

@@ -1,0 +1,106 @@
+"""Faults in the platform's own processes, each killed for real mid-run (issue 10): the job still
+finishes, every metric point and usage entry of the engine's log is in PostgreSQL exactly once,
+and nothing is billed twice.
+
+The processes run as in production: a Ray head node of the test's own hosting the engine, a Celery
+worker on Redis, PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+
+from engine.service import events_path
+from tests.platform import live
+from tests.platform.test_engine_bridge import SPEC
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
+
+
+@pytest.fixture
+def production(engine_home, django_db_setup, tmp_path):
+    """A fresh data directory (the tiny model linked from the shared one) and a Ray head node;
+    yields the environment of platform processes on them. Redis starts and ends empty."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "models").symlink_to(engine_home / "models")
+    broker = redis.Redis.from_url(settings.REDIS_URL)
+    broker.flushdb()
+    env = live.platform_env(home)
+    with live.ray_cluster(env, tmp_path) as address:
+        yield env | {"RAY_ADDRESS": address}
+    broker.flushdb()
+
+
+def kill(proc: live.Process) -> None:
+    """SIGKILL to the process's whole session: no cleanup, no acknowledgement, as a lost node."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def wait_for_log(proc: live.Process, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in proc.log.read_text(errors="replace"):
+        proc.check_alive()
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {proc.log}:\n{proc.tail()}"
+        time.sleep(0.05)
+
+
+def engine_log(home: Path, job) -> list[dict]:
+    return [json.loads(line) for line in events_path(home, job.engine_id).read_text().splitlines()]
+
+
+def assert_ingested_exactly_once(job, events: list[dict]) -> None:
+    """Every metrics event and usage record of the engine's log is in the database once, as logged."""
+    from billing.models import UsageEntry
+    from jobs.models import JobMetric
+
+    logged = {e["seq"]: e["data"] for e in events if e["kind"] == "metrics"}
+    stored = list(JobMetric.objects.filter(job=job).values_list("seq", "data"))
+    assert sorted(seq for seq, _ in stored) == sorted(logged)  # none lost, none twice
+    assert all(data == logged[seq] for seq, data in stored)
+    usage = [e for e in events if e["kind"] == "usage"]
+    billed = list(UsageEntry.objects.filter(job=job).values_list("seq", "device_seconds"))
+    assert sorted(seq for seq, _ in billed) == sorted(e["seq"] for e in usage)
+    assert len({seq for seq, _ in billed}) == len(billed)
+
+
+def test_a_celery_worker_killed_mid_launch_loses_no_job(production, tmp_path):
+    from accounts.services import organization_create
+    from jobs import services, tasks
+    from jobs.models import JobState
+    from tests.platform.factories import UserFactory
+
+    owner = UserFactory()
+    org = organization_create(name="Fault Lab", owner=owner)
+    job = services.job_create(organization=org, user=owner, spec=SPEC, name="tiny", rollout_devices=1,
+                              train_devices=1)  # committed: its launch task is in Redis
+    (tmp_path / "a").mkdir()
+    first = live.celery_worker(production, tmp_path / "a")
+    wait_for_log(first, "jobs.tasks.launch_job", timeout=120)  # received: the task has started
+    kill(first)
+    home = Path(production["PLEXRL_HOME"])
+    assert not events_path(home, job.engine_id).exists(), "the kill came after the launch reached the engine"
+
+    (tmp_path / "b").mkdir()
+    second = live.celery_worker(production, tmp_path / "b")
+    try:
+        def done():
+            job.refresh_from_db()
+            return job.state == JobState.SUCCEEDED and job.events_complete
+
+        live.wait_until(done, 360, "the job did not run to success after the worker was lost", [second],
+                        poll=tasks.pull_all_events.delay, every=2.0)
+        assert "launching it again" in second.log.read_text()
+        events = engine_log(home, job)
+        assert [e["data"]["state"] for e in events if e["kind"] == "state"] == ["queued", "running", "succeeded"]
+        assert_ingested_exactly_once(job, events)
+    finally:
+        second.stop()
