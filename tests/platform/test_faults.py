@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -104,3 +105,52 @@ def test_a_celery_worker_killed_mid_launch_loses_no_job(production, tmp_path):
         assert_ingested_exactly_once(job, events)
     finally:
         second.stop()
+
+
+def restart_redis() -> None:
+    """Stop the Redis server at once (nothing saved: it keeps nothing on disk) and start it again
+    as ``.ci/run`` starts it; returns when it answers. Everything it held is gone."""
+    subprocess.run(["redis-cli", "-h", "127.0.0.1", "shutdown", "nosave"], capture_output=True, timeout=30)
+    deadline = time.monotonic() + 30
+    while subprocess.run(["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True, text=True).stdout.strip() \
+            == "PONG":
+        assert time.monotonic() < deadline, "Redis did not stop"
+        time.sleep(0.2)
+    time.sleep(2)  # the worker and the beat notice the loss
+    subprocess.run(["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379",
+                    "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis",
+                    "--logfile", "/var/log/redis/ci.log"], check=True, timeout=30)
+    while subprocess.run(["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True, text=True).stdout.strip() \
+            != "PONG":
+        assert time.monotonic() < deadline + 30, "Redis did not come back"
+        time.sleep(0.2)
+
+
+def test_a_redis_restart_mid_run_loses_nothing(production, tmp_path):
+    from jobs import services
+    from jobs.models import JobMetric, JobState
+    from tests.platform.factories import UserFactory
+
+    owner = UserFactory()
+    from accounts.services import organization_create
+
+    org = organization_create(name="Fault Lab", owner=owner)
+    spec = {**SPEC, "steps": 6}
+    worker = live.celery_worker(production, tmp_path, beat=True)  # its beat pulls every 2 s
+    try:
+        job = services.job_create(organization=org, user=owner, spec=spec, name="tiny", rollout_devices=1,
+                                  train_devices=1)
+        live.wait_until(lambda: JobMetric.objects.filter(job=job).exists(), 300,
+                        "no metric was ingested before the restart", [worker])
+        restart_redis()
+
+        def done():
+            job.refresh_from_db()
+            return job.state == JobState.SUCCEEDED and job.events_complete
+
+        live.wait_until(done, 300, "the job was not fully ingested after Redis restarted", [worker], every=2.0)
+        events = engine_log(Path(production["PLEXRL_HOME"]), job)
+        assert [e["data"]["step"] for e in events if e["kind"] == "metrics"] == [1, 2, 3, 4, 5, 6]
+        assert_ingested_exactly_once(job, events)
+    finally:
+        worker.stop()
