@@ -126,7 +126,24 @@ def restart_redis() -> None:
         time.sleep(0.2)
 
 
-def test_a_redis_restart_mid_run_loses_nothing(production, tmp_path):
+def restart_postgres() -> None:
+    """Restart the PostgreSQL cluster (every connection to it dropped), as ``.ci/run`` starts it;
+    returns when it accepts connections again. This process's own connection is closed, so its
+    next query opens a new one."""
+    from django.db import connection
+
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"], check=True,
+                   timeout=120)
+    deadline = time.monotonic() + 60
+    while subprocess.run(["pg_isready", "-h", "127.0.0.1", "-p", "5432"], capture_output=True).returncode != 0:
+        assert time.monotonic() < deadline, "PostgreSQL did not come back"
+        time.sleep(0.2)
+    connection.close()
+
+
+@pytest.mark.parametrize("restart", [restart_redis, restart_postgres], ids=["redis", "postgres"])
+def test_a_service_restart_mid_run_loses_nothing(production, tmp_path, restart):
     from jobs import services
     from jobs.models import JobMetric, JobState
     from tests.platform.factories import UserFactory
@@ -142,13 +159,14 @@ def test_a_redis_restart_mid_run_loses_nothing(production, tmp_path):
                                   train_devices=1)
         live.wait_until(lambda: JobMetric.objects.filter(job=job).exists(), 300,
                         "no metric was ingested before the restart", [worker])
-        restart_redis()
+        restart()
 
         def done():
             job.refresh_from_db()
             return job.state == JobState.SUCCEEDED and job.events_complete
 
-        live.wait_until(done, 300, "the job was not fully ingested after Redis restarted", [worker], every=2.0)
+        live.wait_until(done, 300, f"the job was not fully ingested after {restart.__name__}", [worker],
+                        every=2.0)
         events = engine_log(Path(production["PLEXRL_HOME"]), job)
         assert [e["data"]["step"] for e in events if e["kind"] == "metrics"] == [1, 2, 3, 4, 5, 6]
         assert_ingested_exactly_once(job, events)
