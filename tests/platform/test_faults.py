@@ -172,3 +172,68 @@ def test_a_service_restart_mid_run_loses_nothing(production, tmp_path, restart):
         assert_ingested_exactly_once(job, events)
     finally:
         worker.stop()
+
+
+def test_a_web_server_killed_mid_run_leaves_its_clients_every_point_once(production, tmp_path):
+    """A dashboard client on the job's socket loses its web server mid-run; it reconnects to a new
+    one with ``?last_seq=`` (the highest seq it got) and ends with every metric point exactly once."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    from accounts.services import organization_create, token_create
+    from jobs import services
+    from tests.platform.factories import UserFactory
+
+    owner = UserFactory()
+    org = organization_create(name="Fault Lab", owner=owner)
+    _, plaintext = token_create(user=owner, organization=org, name="dashboard")
+    headers = {"Authorization": f"Bearer {plaintext}"}
+    worker = live.celery_worker(production, tmp_path, beat=True)
+    (tmp_path / "web-1").mkdir()
+    server, url = live.asgi_server(production, tmp_path / "web-1")
+    received: list[dict] = []
+
+    def listen(base: str, until_points: int, linger: float = 0.0, then=None) -> None:
+        """Collect messages until ``until_points`` metric points arrived in all, then for
+        ``linger`` seconds more (a duplicate would show there), or until the server goes away.
+        ``then()``: called once the points arrived, the socket still open; reading goes on."""
+        after = max((m["seq"] for m in received if m["type"] in ("metrics", "event")), default=0)
+        with connect(f"{base.replace('http', 'ws')}/ws/jobs/{job.pk}/?last_seq={after}",
+                     additional_headers=headers, open_timeout=30) as socket:
+            deadline = None
+            while deadline is None or time.monotonic() < deadline:
+                try:
+                    timeout = 240 if deadline is None else max(0.01, deadline - time.monotonic())
+                    received.append(json.loads(socket.recv(timeout=timeout)))
+                except ConnectionClosed:
+                    return
+                except TimeoutError:
+                    if deadline is None:
+                        return
+                    continue
+                if deadline is None and sum(m["type"] == "metrics" for m in received) >= until_points:
+                    if then is not None:
+                        then()  # the server dies under the open socket: the next recv sees it closed
+                        then = None
+                        continue
+                    deadline = time.monotonic() + linger
+
+    second = None
+    try:
+        job = services.job_create(organization=org, user=owner, spec={**SPEC, "steps": 6}, name="tiny",
+                                  rollout_devices=1, train_devices=1)
+        listen(url, until_points=2, then=lambda: kill(server))
+        assert server.returncode is not None
+        (tmp_path / "web-2").mkdir()
+        second, url = live.asgi_server(production, tmp_path / "web-2")
+        listen(url, until_points=6, linger=5.0)
+        events = engine_log(Path(production["PLEXRL_HOME"]), job)
+        logged = sorted(e["seq"] for e in events if e["kind"] == "metrics")
+        got = [m["seq"] for m in received if m["type"] == "metrics"]
+        assert sorted(got) == logged, (got, logged)  # every point, none twice, across the reconnect
+        assert len(logged) == 6
+        assert_ingested_exactly_once(job, events)
+    finally:
+        for proc in (second, worker):
+            if proc is not None:
+                proc.stop()
