@@ -23,6 +23,11 @@ Rules (DESIGN section 4):
   oldest first, and the WPGs an overdue call is waiting for are held for it (as in EASY
   backfilling), so a multi-WPG call cannot be starved by single-WPG ones either.
 - Paused jobs' calls stay queued and are never dispatched or dropped; they run when resumed.
+- Budgets: a tenant given one (device-seconds it may still use) has its calls started only while
+  what is left, less the estimated device-seconds of its calls running now, is above zero; each
+  completed call is charged what it held. Calls that cannot start stay queued, as a paused job's
+  do, and run when the budget is raised. A call that started runs to its end, so the overrun is at
+  most the calls running when the budget ran out: one call's worth plus the estimates' error.
 - After each dispatch, the WPG's next likely call (its best remaining eligible call) is announced
   with a ``Prefetch`` when that job's state is not resident, so the swap overlaps the running call.
 - Step boundaries arrive as ``STEP`` marks in a job's stream. A new job is profiled for its first
@@ -32,6 +37,7 @@ Rules (DESIGN section 4):
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -160,6 +166,9 @@ class Scheduler:
         self.running: dict[int, Dispatch] = {}
         self.paused: set[str] = set()
         self.weights: dict[str, float] = {}  # tenant -> weight (default 1)
+        self.budgets: dict[str, float] = {}  # tenant -> device-seconds it may still use (absent: no limit)
+        self._reserved: dict[str, float] = {}  # tenant -> estimated device-seconds of its running calls
+        self._estimated: dict[int, float] = {}  # running call id -> its estimated device-seconds
         self.switch_costs: dict[tuple[Deployment, str], float] = {}  # (deployment, wpg) -> seconds
         # per stream: the next seq to run, and the stream's calls not yet completed by seq
         self._next_seq: dict[tuple[str, str], int] = {}
@@ -227,6 +236,10 @@ class Scheduler:
             records.append(UsageRecord(job=call.job, role=call.role, fn=call.fn, wpg=name, devices=wpg.devices,
                                        start=dispatch.at, end=now, setup_s=setup_s, exec_s=exec_s, call=call_id,
                                        tenant=call.tenant, queued_s=dispatch.queued_s))
+        if (estimate := self._estimated.pop(call_id, None)) is not None:
+            self._reserved[call.tenant] -= estimate
+        if call.tenant in self.budgets:
+            self.budgets[call.tenant] -= sum(record.device_seconds for record in records)
         return records
 
     def pause(self, job: str) -> None:
@@ -239,6 +252,26 @@ class Scheduler:
         if not weight > 0:
             raise ValueError("a tenant weight must be > 0")
         self.weights[tenant] = weight
+
+    def set_budget(self, tenant: str, device_seconds: float | None) -> None:
+        """From now on ``tenant`` may use ``device_seconds`` more (None: no limit); see Budgets."""
+        if device_seconds is None:
+            self.budgets.pop(tenant, None)
+            return
+        if not math.isfinite(device_seconds):
+            raise ValueError(f"a budget must be a finite number of device-seconds, got {device_seconds!r}")
+        self.budgets[tenant] = float(device_seconds)
+
+    def budget_left(self, tenant: str) -> float | None:
+        """Device-seconds ``tenant`` may still use (below zero: overrun); None without a budget."""
+        return self.budgets.get(tenant)
+
+    def _affordable(self, tenant: str) -> bool:
+        left = self.budgets.get(tenant)
+        return left is None or left - self._reserved.get(tenant, 0.0) > 0
+
+    def _estimate_device_s(self, call: Call, setup_s: float) -> float:
+        return (self.estimates.get(call.job, call.fn) + setup_s) * sum(self.wpgs[w].devices for w in call.wpgs)
 
     def set_switch_cost(self, deployment: Deployment, wpg: str, seconds: float) -> None:
         self.switch_costs[(tuple(deployment), wpg)] = max(0.0, seconds)
@@ -257,7 +290,10 @@ class Scheduler:
                 continue
             if now is not None and self.not_before.get(key[0], now) > now:
                 continue
-            out.append(self.queue[head])
+            call = self.queue[head]
+            if self.budgets and call.fn != STEP and not self._affordable(call.tenant):
+                continue
+            out.append(call)
         return out
 
     def _take_marks(self, now: float) -> None:
@@ -351,6 +387,12 @@ class Scheduler:
                     held.update(call.wpgs)
                 continue
             setup, switches = setups[call.id]  # still true: only other, free WPGs were touched
+            if call.tenant in self.budgets:
+                if not self._affordable(call.tenant):  # the calls started before it took the rest
+                    continue
+                estimate = self._estimate_device_s(call, setup)
+                self._estimated[call.id] = estimate
+                self._reserved[call.tenant] = self._reserved.get(call.tenant, 0.0) + estimate
             queued = now - self._ready_at[call.id]
             for w in call.wpgs:
                 self.wpgs[w].running = call.id

@@ -936,3 +936,53 @@ def test_paused_calls_never_run_while_paused_and_are_never_lost(sc: Scenario):
         j.name: sum(c.job == j.name for c in drained.calls.values()) for j in sc.jobs}
     for call_id, paused in drained.paused_at_dispatch.items():
         assert drained.calls[call_id].job not in paused
+
+
+# --- budgets ---------------------------------------------------------------------------------------
+
+
+def run_until_idle(s: Scheduler, now: float, seconds: float = 1.0) -> tuple[float, list[UsageRecord]]:
+    """Start what may start, complete each started call ``seconds`` later, repeat until nothing
+    starts; returns the clock and the usage records."""
+    records = []
+    while running := started(s.decide(now)):
+        now += seconds
+        for call_id in running:
+            records += s.complete(call_id, now, exec_s=seconds)
+    return now, records
+
+
+def test_a_budget_stops_its_tenants_calls_mid_stream_keeps_them_queued_and_bounds_the_overrun():
+    s = scheduler("w0", "w1")
+    calls = [s.submit("a", "actor", "generate", ("w0",), 0.0, "acme", seq=i) for i in range(10)]
+    other = [s.submit("b", "actor", "generate", ("w1",), 0.0, "globex", seq=i) for i in range(4)]
+    s.set_budget("acme", 3.5)  # three and a half calls' worth
+    now, records = run_until_idle(s, 0.0)
+    billed = device_seconds([r for r in records if r.tenant == "acme"])
+    assert billed == 4.0  # the fourth call started with 0.5 left: the overrun is within one call
+    assert s.budget_left("acme") == -0.5
+    assert [c.id for c in calls if c.id in s.queue] == [c.id for c in calls[4:]]  # queued, none lost
+    assert not any(c.id in s.queue for c in other)  # another tenant ran on
+    s.set_budget("acme", 2.0)  # raised: two more calls, then it stops again
+    now, records = run_until_idle(s, now)
+    assert device_seconds(records) == 2.0
+    s.set_budget("acme", None)  # no limit any more
+    _, records = run_until_idle(s, now)
+    assert device_seconds(records) == 4.0
+    assert not s.queue
+
+
+def test_calls_running_at_once_reserve_their_estimates_against_the_budget():
+    s = scheduler("w0", "w1", "w2")
+    s.estimates.observe("a", "generate", 1.0)
+    for i, w in enumerate(("w0", "w1", "w2")):
+        s.submit("a", "actor", "generate", (w,), 0.0, "acme", stream=f"r{i}")
+    s.set_budget("acme", 1.5)
+    first = started(s.decide(0.0))
+    assert len(first) == 2  # 1.5 left: one starts (0.5 unreserved), a second, then nothing is left
+    for call_id in first:
+        s.complete(call_id, 1.0, exec_s=1.0)
+    assert s.budget_left("acme") == -0.5
+    assert started(s.decide(1.0)) == []
+    with pytest.raises(ValueError, match="finite"):
+        s.set_budget("acme", float("nan"))
