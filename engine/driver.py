@@ -18,13 +18,13 @@ from engine.workers.group import WorkerGroup
 @ray.remote(num_cpus=0)
 class JobDriver:
     def __init__(self, job_id: str, spec: JobSpec, groups: list[WorkerGroup], events_path: str,
-                 threads: int = 1):
+                 threads: int = 1, tenant: str = ""):
         import torch
 
         torch.set_num_threads(threads)
         self.job_id, self.spec = job_id, spec
         self.events = EventLog(Path(events_path))
-        self.client = Client(Router(groups), self.events)
+        self.client = Client(Router(groups, tenant=tenant), self.events)  # tenant: whose budget it spends
 
     def note(self, kind: str, data: dict[str, Any]) -> int:
         """Append an event the engine service asks for (pause, resume) while ``run`` goes on: the

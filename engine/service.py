@@ -22,6 +22,7 @@ the pause and resume the service asks it to record.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import time
@@ -107,7 +108,7 @@ class EngineService:
         return out
 
     # -- the service API ----------------------------------------------------------------------------
-    def submit_job(self, job_id: str, spec: dict[str, Any]) -> dict[str, Any]:
+    def submit_job(self, job_id: str, spec: dict[str, Any], tenant: str = "") -> dict[str, Any]:
         from engine.driver import JobDriver
 
         job_id = _check_job_id(job_id)
@@ -122,7 +123,7 @@ class EngineService:
             log.append("spec", parsed.to_dict(), durable=True)
             log.close()
             driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2).remote(
-                job_id, parsed, groups, str(path), self.config.threads)
+                job_id, parsed, groups, str(path), self.config.threads, tenant)
             self.drivers[job_id] = driver
             self.runs[job_id] = driver.run.remote()
         return self.status(job_id)
@@ -162,6 +163,21 @@ class EngineService:
             ray.get((scheduler.pause if paused else scheduler.resume).remote(job_id))
             ray.get(driver.note.remote("state", {"state": "paused" if paused else "running"}))
         return self.status(job_id)
+
+    def set_budget(self, tenant: str, device_seconds: float | None) -> float | None:
+        """The device-seconds ``tenant``'s jobs may still use (None: no limit); returns what the
+        scheduler had left before (None: no limit)."""
+        from engine.scheduler.service import scheduler_service
+
+        scheduler = scheduler_service()
+        before = ray.get(scheduler.budget_left.remote(tenant))
+        ray.get(scheduler.set_budget.remote(tenant, device_seconds))
+        return before
+
+    def budget_left(self, tenant: str) -> float | None:
+        from engine.scheduler.service import scheduler_service
+
+        return ray.get(scheduler_service().budget_left.remote(tenant))
 
     def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
         with self.lock:
@@ -271,11 +287,23 @@ class EngineClient:
         except ray.exceptions.RayTaskError as exc:
             raise exc.as_instanceof_cause() from None
 
-    def submit_job(self, job_id: str, spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
+    def submit_job(self, job_id: str, spec: JobSpec | dict[str, Any], *, tenant: str = "") -> dict[str, Any]:
         """Validated here first (SpecError naming the field, ValueError for the id): bad input never
-        reaches the engine."""
+        reaches the engine. ``tenant``: whose budget (``set_budget``) the job's calls spend."""
         parsed = spec if isinstance(spec, JobSpec) else JobSpec.from_dict(spec)
-        return self._call("submit_job", _check_job_id(job_id), parsed.to_dict())
+        return self._call("submit_job", _check_job_id(job_id), parsed.to_dict(), tenant)
+
+    def set_budget(self, tenant: str, device_seconds: float | None) -> float | None:
+        """From now on ``tenant``'s jobs may use ``device_seconds`` more (None: no limit). Their
+        calls past it wait, queued, and run when it is raised; the overrun is at most the calls
+        running when it ran out. Returns what was left before."""
+        if device_seconds is not None and not math.isfinite(device_seconds):
+            raise ValueError(f"a budget must be a finite number of device-seconds, got {device_seconds!r}")
+        return self._call("set_budget", tenant, device_seconds)
+
+    def budget_left(self, tenant: str) -> float | None:
+        """Device-seconds ``tenant`` may still use (below zero: the overrun); None without a budget."""
+        return self._call("budget_left", tenant)
 
     def status(self, job_id: str) -> dict[str, Any]:
         return self._call("status", job_id)

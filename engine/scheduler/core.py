@@ -23,11 +23,12 @@ Rules (DESIGN section 4):
   oldest first, and the WPGs an overdue call is waiting for are held for it (as in EASY
   backfilling), so a multi-WPG call cannot be starved by single-WPG ones either.
 - Paused jobs' calls stay queued and are never dispatched or dropped; they run when resumed.
-- Budgets: a tenant given one (device-seconds it may still use) has its calls started only while
-  what is left, less the estimated device-seconds of its calls running now, is above zero; each
-  completed call is charged what it held. Calls that cannot start stay queued, as a paused job's
-  do, and run when the budget is raised. A call that started runs to its end, so the overrun is at
-  most the calls running when the budget ran out: one call's worth plus the estimates' error.
+- Budgets: a tenant given one (device-seconds it may still use) has a call started if its
+  estimated device-seconds fit in what is left, less the estimates of the tenant's calls running
+  now; or, as its last call, if some budget is left and none of its calls runs. Each completed
+  call is charged what it held. Calls that may not start stay queued, as a paused job's do, and
+  run when the budget is raised. So the overrun is at most one call, plus what the calls running
+  near the end took beyond their estimates.
 - After each dispatch, the WPG's next likely call (its best remaining eligible call) is announced
   with a ``Prefetch`` when that job's state is not resident, so the swap overlaps the running call.
 - Step boundaries arrive as ``STEP`` marks in a job's stream. A new job is profiled for its first
@@ -266,9 +267,18 @@ class Scheduler:
         """Device-seconds ``tenant`` may still use (below zero: overrun); None without a budget."""
         return self.budgets.get(tenant)
 
-    def _affordable(self, tenant: str) -> bool:
+    def _affordable(self, tenant: str, need: float = 0.0) -> bool:
+        """Whether a call estimated at ``need`` device-seconds may start under the tenant's budget
+        (0: whether any call might): it fits, or it is the last one (some budget is left, none of
+        the tenant's calls runs)."""
         left = self.budgets.get(tenant)
-        return left is None or left - self._reserved.get(tenant, 0.0) > 0
+        if left is None:
+            return True
+        reserved = self._reserved.get(tenant, 0.0)
+        return left - reserved > 0 and (need <= left - reserved or not self._running_of(tenant))
+
+    def _running_of(self, tenant: str) -> bool:
+        return any(d.call.tenant == tenant for d in self.running.values())
 
     def _estimate_device_s(self, call: Call, setup_s: float) -> float:
         return (self.estimates.get(call.job, call.fn) + setup_s) * sum(self.wpgs[w].devices for w in call.wpgs)
@@ -388,9 +398,9 @@ class Scheduler:
                 continue
             setup, switches = setups[call.id]  # still true: only other, free WPGs were touched
             if call.tenant in self.budgets:
-                if not self._affordable(call.tenant):  # the calls started before it took the rest
-                    continue
                 estimate = self._estimate_device_s(call, setup)
+                if not self._affordable(call.tenant, estimate):  # it waits for budget
+                    continue
                 self._estimated[call.id] = estimate
                 self._reserved[call.tenant] = self._reserved.get(call.tenant, 0.0) + estimate
             queued = now - self._ready_at[call.id]

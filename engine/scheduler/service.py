@@ -213,6 +213,14 @@ class SchedulerService:
     def set_weight(self, tenant: str, weight: float) -> None:
         self.core.set_weight(tenant, weight)
 
+    def set_budget(self, tenant: str, device_seconds: float | None) -> None:
+        """The tenant's device-seconds left (None: no limit); a raised one lets its calls start."""
+        self.core.set_budget(tenant, device_seconds)
+        self._pump()
+
+    def budget_left(self, tenant: str) -> float | None:
+        return self.core.budget_left(tenant)
+
     def forget(self, job: str) -> None:
         self.core.forget(job)
 

@@ -952,24 +952,37 @@ def run_until_idle(s: Scheduler, now: float, seconds: float = 1.0) -> tuple[floa
     return now, records
 
 
-def test_a_budget_stops_its_tenants_calls_mid_stream_keeps_them_queued_and_bounds_the_overrun():
+def test_a_budget_stops_its_tenants_calls_mid_stream_keeps_them_queued_and_overruns_by_one_call():
     s = scheduler("w0", "w1")
     calls = [s.submit("a", "actor", "generate", ("w0",), 0.0, "acme", seq=i) for i in range(10)]
     other = [s.submit("b", "actor", "generate", ("w1",), 0.0, "globex", seq=i) for i in range(4)]
     s.set_budget("acme", 3.5)  # three and a half calls' worth
     now, records = run_until_idle(s, 0.0)
-    billed = device_seconds([r for r in records if r.tenant == "acme"])
-    assert billed == 4.0  # the fourth call started with 0.5 left: the overrun is within one call
+    # three fit; the fourth, with 0.5 left and nothing else running, is the last: one call over
+    assert device_seconds([r for r in records if r.tenant == "acme"]) == 4.0
     assert s.budget_left("acme") == -0.5
     assert [c.id for c in calls if c.id in s.queue] == [c.id for c in calls[4:]]  # queued, none lost
     assert not any(c.id in s.queue for c in other)  # another tenant ran on
-    s.set_budget("acme", 2.0)  # raised: two more calls, then it stops again
+    s.set_budget("acme", 2.0)  # raised: two more calls, then it waits again
     now, records = run_until_idle(s, now)
     assert device_seconds(records) == 2.0
+    assert s.budget_left("acme") == 0.0
     s.set_budget("acme", None)  # no limit any more
     _, records = run_until_idle(s, now)
     assert device_seconds(records) == 4.0
     assert not s.queue
+
+
+def test_a_call_longer_than_its_estimate_is_the_only_overrun():
+    s = scheduler("w0")
+    s.estimates.observe("a", "generate", 1.0)
+    s.submit("a", "actor", "generate", ("w0",), 0.0, "acme", seq=0)
+    s.submit("a", "actor", "generate", ("w0",), 0.0, "acme", seq=1)
+    s.set_budget("acme", 1.2)
+    [first] = started(s.decide(0.0))
+    s.complete(first, 1.5, exec_s=1.5)  # took half a second more than estimated
+    assert s.budget_left("acme") == pytest.approx(-0.3)
+    assert started(s.decide(1.5)) == []
 
 
 def test_calls_running_at_once_reserve_their_estimates_against_the_budget():
@@ -977,12 +990,14 @@ def test_calls_running_at_once_reserve_their_estimates_against_the_budget():
     s.estimates.observe("a", "generate", 1.0)
     for i, w in enumerate(("w0", "w1", "w2")):
         s.submit("a", "actor", "generate", (w,), 0.0, "acme", stream=f"r{i}")
-    s.set_budget("acme", 1.5)
+    s.set_budget("acme", 2.5)
     first = started(s.decide(0.0))
-    assert len(first) == 2  # 1.5 left: one starts (0.5 unreserved), a second, then nothing is left
+    assert len(first) == 2  # two estimated seconds fit in 2.5; a third would not
     for call_id in first:
         s.complete(call_id, 1.0, exec_s=1.0)
+    assert s.budget_left("acme") == 0.5
+    [last] = started(s.decide(1.0))  # 0.5 left, nothing running: the third starts as the last call
+    s.complete(last, 2.0, exec_s=1.0)
     assert s.budget_left("acme") == -0.5
-    assert started(s.decide(1.0)) == []
     with pytest.raises(ValueError, match="finite"):
         s.set_budget("acme", float("nan"))

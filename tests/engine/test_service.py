@@ -4,6 +4,7 @@ driver that dies is a failed job. Real Ray actors, real worker groups, the tiny 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 
 import pytest
@@ -106,6 +107,40 @@ def test_pause_holds_the_job_and_resume_finishes_it_with_the_same_metrics(engine
     assert states(events)[-1] == "succeeded"
     assert "paused" in states(events)
     assert metrics(events) == metrics(plain_run)  # pausing changed nothing the job learned
+
+
+def usage_device_s(events: list[dict]) -> list[float]:
+    return [e["data"]["devices"] * (e["data"]["end"] - e["data"]["start"]) for e in events if e["kind"] == "usage"]
+
+
+def test_a_budget_of_twenty_calls_holds_the_job_mid_run_and_bounds_the_overrun(engine, plain_run):
+    longer = dataclasses.replace(SPEC, steps=8)  # more calls than the budget covers
+    budget = 20 * statistics.median(usage_device_s(plain_run))  # about twenty calls' worth
+    assert engine.set_budget("budget-lab", budget) is None  # no budget before
+    engine.submit_job("svc-budget", longer, tenant="budget-lab")
+    engine.submit_job("svc-budget-free", longer)  # the same job, no budget: what it must learn
+
+    wait_for(engine, "svc-budget", lambda events: engine.budget_left("budget-lab") < budget / 2)
+    held, deadline = engine.events("svc-budget"), time.monotonic() + 120
+    while True:  # until the log stands still: the job waits, queued, for budget
+        time.sleep(2.0)
+        now = engine.events("svc-budget")
+        if now == held:
+            break
+        held = now
+        assert time.monotonic() < deadline, "the job never stopped at its budget"
+    assert not finished(held)
+    assert 0 < len(metrics(held)) < 8  # it stopped mid-run
+    left = engine.budget_left("budget-lab")
+    billed = sum(usage_device_s(held))
+    assert billed == pytest.approx(budget - left, rel=1e-9)  # what was charged is what the log bills
+    assert left <= 0  # it stopped when the budget was spent
+    assert -left <= max(0.01 * budget, max(usage_device_s(held)))  # overrun: 1 % of the budget, or one call
+    assert engine.set_budget("budget-lab", None) == pytest.approx(left)  # no limit: the job goes on
+    events = wait_for(engine, "svc-budget", finished)
+    free = wait_for(engine, "svc-budget-free", finished)
+    assert states(events)[-1] == states(free)[-1] == "succeeded"
+    assert metrics(events) == metrics(free)  # the held step was not lost, nor anything learned changed
 
 
 def test_cancel_stops_the_driver_and_the_log_ends_cancelled(engine):
