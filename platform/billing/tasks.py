@@ -1,9 +1,17 @@
 """Periodic billing tasks: quota enforcement (run by the beat every 30 s; idempotent) and the
-cluster capacity sample (every ``BILLING_CAPACITY_PERIOD_S``)."""
+cluster capacity sample (every ``BILLING_CAPACITY_PERIOD_S``).
+
+Quotas are enforced twice. The engine holds an organization's calls the moment its device-hour
+budget is spent (``push_budget``: the scheduler starts no call past it, so the overrun is at most
+one call); ``enforce_quotas`` then marks its jobs paused by quota, and resumes them when the
+budget allows. The budget pushed is the month's budget less the usage in the ledger, which trails
+the engine by the event pull's period: usage not yet pulled is counted again at the next push.
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
+from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import Quota
@@ -12,18 +20,24 @@ from billing.selectors import device_hours_in_month
 
 
 @shared_task
-def enforce_quotas() -> dict[str, int]:
+def enforce_quotas() -> dict[str, object]:
     """Pause the running jobs of organizations that used up this month's device-hour budget, and
-    resume the jobs this task paused once the budget allows again (quota raised, a new month)."""
+    resume the jobs this task paused once the budget allows again (quota raised, a new month).
+    Sends each organization's device-seconds left (None: no budget) to the engine after commit;
+    returns the counts and those budgets by organization id."""
     from jobs import services
     from jobs.models import Job, JobState
 
     paused = resumed = 0
+    budgets: dict[int, float | None] = {}
     now = timezone.now()
     for quota in Quota.objects.select_related("organization"):
         org = quota.organization
         budget = quota.device_hours_per_month
-        over = budget is not None and device_hours_in_month(organization=org, when=now) >= float(budget)
+        used = device_hours_in_month(organization=org, when=now)
+        budgets[org.pk] = None if budget is None else (float(budget) - used) * 3600
+        transaction.on_commit(lambda org_id=org.pk, left=budgets[org.pk]: push_budget.delay(org_id, left))
+        over = budget is not None and used >= float(budget)
         if over:
             for job in Job.objects.filter(organization=org, state__in=(JobState.QUEUED, JobState.PROFILING,
                                                                        JobState.RUNNING)):
@@ -34,7 +48,16 @@ def enforce_quotas() -> dict[str, int]:
                 services.job_resume(job=job, actor=None)
                 resumed += 1
     # organizations without a quota row have no budget: nothing of theirs was paused by one
-    return {"paused": paused, "resumed": resumed}
+    return {"paused": paused, "resumed": resumed, "budgets": budgets}
+
+
+@shared_task
+def push_budget(organization_id: int, device_seconds: float | None) -> None:
+    """Tell the engine how many device-seconds the organization's jobs may still use (None: no
+    limit); its scheduler holds their calls past that."""
+    from jobs.engine import engine, tenant_of  # looked up per call: the engine handle is made lazily
+
+    engine().set_budget(tenant_of(organization_id), device_seconds)
 
 
 @shared_task

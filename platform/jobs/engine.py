@@ -16,6 +16,11 @@ _client: EngineClient | None = None
 _lock = threading.Lock()
 
 
+def tenant_of(organization_id: int) -> str:
+    """The organization's tenant name in the engine: whose budget its jobs' calls spend."""
+    return f"org-{organization_id}"
+
+
 def engine() -> EngineClient:
     global _client  # one client per process, made on first use
     with _lock:

@@ -21,7 +21,7 @@ from django.utils import timezone
 from engine.errors import EngineError
 from engine.service import UnknownJob
 from jobs import services
-from jobs.engine import engine
+from jobs.engine import engine, tenant_of
 from jobs.models import TERMINAL_STATES, Job, JobState
 
 PULL_BATCH = 1000
@@ -38,7 +38,7 @@ def launch_job(job_id: int) -> None:
     if job.state == JobState.CANCELLED:
         return
     try:
-        engine().submit_job(job.engine_id, job.spec)
+        engine().submit_job(job.engine_id, job.spec, tenant=tenant_of(job.organization_id))
     except (EngineError, ValueError) as exc:  # the spec no longer validates (a model was removed, ...)
         Job.objects.filter(pk=job.pk).update(state=JobState.FAILED, state_reason=f"launch refused: {exc}")
         return

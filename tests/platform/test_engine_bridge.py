@@ -46,14 +46,20 @@ def snapshot(job) -> dict:
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(600)
-def test_a_job_runs_through_celery_and_the_engine_and_its_pull_is_idempotent(worker):
+def test_a_job_runs_through_celery_and_the_engine_and_its_pull_is_idempotent(worker, engine_home):
+    import json
+    import re
+
     from accounts.services import organization_create
+    from billing.tasks import push_budget
+    from engine.service import events_path
     from jobs import services, tasks
     from jobs.models import Job, JobState
     from tests.platform.factories import UserFactory
 
     owner = UserFactory()
     org = organization_create(name="Bridge Lab", owner=owner)
+    push_budget.delay(org.pk, 1e9)  # the engine holds the organization's budget: ample here
     job = services.job_create(organization=org, user=owner, spec=SPEC, name="tiny", rollout_devices=1,
                               train_devices=1)  # committed: its launch goes to Redis after commit
 
@@ -67,6 +73,10 @@ def test_a_job_runs_through_celery_and_the_engine_and_its_pull_is_idempotent(wor
     assert [m[0] for m in first["metrics"]] == [1, 2, 3]
     assert [e[2]["state"] for e in first["events"] if e[1] == "state"] == ["queued", "running", "succeeded"]
     assert first["usage"], "no usage reached the ledger"
+    logged = [json.loads(line)["data"] for line in events_path(engine_home, job.engine_id).read_text().splitlines()
+              if json.loads(line)["kind"] == "usage"]
+    assert {u["tenant"] for u in logged} == {f"org-{org.pk}"}  # its calls spent its organization's budget
+    assert re.search(r"billing\.tasks\.push_budget\[[^\]]+\] succeeded", worker.log.read_text())
     assert job.started_at is not None
     assert job.finished_at is not None
     savings = first["savings"]

@@ -158,14 +158,15 @@ def test_quota_enforcement_pauses_over_budget_and_resumes_when_raised(org, mid_m
     now = mid_month
     services.ingest_events(job=job, events=[usage(2, 1, now - 7200, now, devices=1.0)])  # 2 device-hours
     Quota.objects.update_or_create(organization=organization, defaults={"device_hours_per_month": 1})
-    assert enforce_quotas() == {"paused": 1, "resumed": 0}
+    # the engine is told what is left (here an overrun of one device-hour: it starts nothing more)
+    assert enforce_quotas() == {"paused": 1, "resumed": 0, "budgets": {organization.pk: pytest.approx(-3600.0)}}
     job.refresh_from_db()
     assert (job.state, job.paused_by_quota) == (JobState.PAUSED, True)
-    assert enforce_quotas() == {"paused": 0, "resumed": 0}  # idempotent
+    assert enforce_quotas() == {"paused": 0, "resumed": 0, "budgets": {organization.pk: pytest.approx(-3600.0)}}
     with pytest.raises(services.QuotaExceeded):
         services.job_create(organization=organization, user=owner, spec=SPEC)
     Quota.objects.filter(organization=organization).update(device_hours_per_month=10)
-    assert enforce_quotas() == {"paused": 0, "resumed": 1}
+    assert enforce_quotas() == {"paused": 0, "resumed": 1, "budgets": {organization.pk: pytest.approx(8 * 3600.0)}}
     job.refresh_from_db()
     assert (job.state, job.paused_by_quota) == (JobState.RUNNING, False)
 
