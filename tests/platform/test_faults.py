@@ -84,7 +84,10 @@ def test_a_celery_worker_killed_mid_launch_loses_no_job(production, tmp_path):
     job = services.job_create(organization=org, user=owner, spec=SPEC, name="tiny", rollout_devices=1,
                               train_devices=1)  # committed: its launch task is in Redis
     (tmp_path / "a").mkdir()
-    first = live.celery_worker(production, tmp_path / "a")
+    # The first worker's engine address leads nowhere, so its launch hangs connecting and the kill
+    # always lands before the engine hears of the job (with the real address, a kill just after
+    # the engine call went out lets the engine finish the submit alone: no launch is lost then).
+    first = live.celery_worker(production | {"RAY_ADDRESS": "127.0.0.1:1"}, tmp_path / "a")
     wait_for_log(first, "jobs.tasks.launch_job", timeout=120)  # received: the task has started
     kill(first)
     home = Path(production["PLEXRL_HOME"])
