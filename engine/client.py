@@ -12,6 +12,8 @@ here.
 
 from __future__ import annotations
 
+import json
+import shutil
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -89,11 +91,18 @@ class ModelHandle:
 
 
 class Client:
-    def __init__(self, router: Router, events: EventLog | None = None):
+    """``logged``: metrics already in the job's log, by step (a resumed job's driver replays the
+    steps since its checkpoint: each is logged once, and a replayed step that comes out different
+    is reported in the log). ``checkpoint``: the path of the job's checkpoint it resumed from."""
+
+    def __init__(self, router: Router, events: EventLog | None = None, *,
+                 logged: dict[int, dict[str, Any]] | None = None, checkpoint: str | None = None):
         self._router = router
         self._events = events
         self._on_usage = self._log_usage if events is not None else None
         self._jobs: list[str] = []  # jobs this client created models for
+        self._logged = dict(logged or {})
+        self._checkpoint = checkpoint
 
     def _log_usage(self, records: list[dict[str, Any]]) -> None:
         for record in records:
@@ -127,15 +136,33 @@ class Client:
         """Append a step's metrics to the job's event log (durably: a step boundary). The next
         step starts here, which the scheduler hears too (it aligns the job's steps)."""
         if self._events is not None:
-            self._events.append("metrics", {"step": step, **values}, durable=True)
+            point = {"step": step, **values}
+            before = self._logged.get(step)
+            if before is None:
+                self._events.append("metrics", point, durable=True)
+            elif json.loads(json.dumps(point)) != before:  # as the log holds it
+                changed = sorted(k for k in set(point) | set(before) if point.get(k) != before.get(k))
+                self._events.append("log", {"message": f"step {step} replayed after a restart with "
+                                                       f"different metrics: {', '.join(changed)}"}, durable=True)
         if self._router is not None:
             for job in self._jobs:
                 self._router.mark_step(job)
 
     def log_timings(self, step: int, values: dict[str, float]) -> None:
         """Wall-clock seconds by phase; kept apart from metrics, which must not depend on timing."""
-        if self._events is not None:
+        if self._events is not None and step not in self._logged:
             self._events.append("timings", {"step": step, **values})
+
+    def log_checkpoint(self, step: int, tag: str, path: str, state: dict[str, Any]) -> None:
+        """The job can resume after ``step`` from checkpoint ``tag`` (at ``path``) and ``state``
+        (what the algorithm needs beside the model: JSON). Logged durably once the checkpoint is
+        in place; the previous one is then removed (a job keeps its latest)."""
+        if self._events is None:
+            return
+        self._events.append("checkpoint", {"step": step, "tag": tag, "path": path, "state": state}, durable=True)
+        previous, self._checkpoint = self._checkpoint, path
+        if previous is not None and previous != path:
+            shutil.rmtree(previous, ignore_errors=True)
 
     def log(self, message: str) -> None:
         if self._events is not None:

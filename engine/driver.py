@@ -9,22 +9,36 @@ from typing import Any
 import ray
 
 from engine.client import Client
-from engine.eventlog import EventLog
+from engine.errors import EngineFault, is_engine_fault
+from engine.eventlog import EventLog, read_events
 from engine.router import Router
 from engine.spec import JobSpec
 from engine.workers.group import WorkerGroup
 
 
+def resume_point(events: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[int, dict[str, Any]]]:
+    """Where a job whose driver died goes on: its last checkpoint event's data (None: from the
+    start), and the metrics it logged, by step (the steps it replays are not logged again)."""
+    checkpoints = [e["data"] for e in events if e["kind"] == "checkpoint"]
+    logged = {e["data"]["step"]: e["data"] for e in events if e["kind"] == "metrics"}
+    return (checkpoints[-1] if checkpoints else None), logged
+
+
 @ray.remote(num_cpus=0)
 class JobDriver:
+    """``resume``: this driver replaces one that died; it goes on from the job's last checkpoint."""
+
     def __init__(self, job_id: str, spec: JobSpec, groups: list[WorkerGroup], events_path: str,
-                 threads: int = 1, tenant: str = ""):
+                 threads: int = 1, tenant: str = "", resume: bool = False):
         import torch
 
         torch.set_num_threads(threads)
         self.job_id, self.spec = job_id, spec
         self.events = EventLog(Path(events_path))
-        self.client = Client(Router(groups, tenant=tenant), self.events)  # tenant: whose budget it spends
+        self.resume, logged = resume_point(read_events(self.events.path)) if resume else (None, {})
+        self.client = Client(Router(groups, tenant=tenant), self.events,  # tenant: whose budget it spends
+                             logged=logged, checkpoint=self.resume["path"] if self.resume else None)
+        self.restarted = resume
 
     def note(self, kind: str, data: dict[str, Any]) -> int:
         """Append an event the engine service asks for (pause, resume) while ``run`` goes on: the
@@ -45,13 +59,18 @@ class JobDriver:
         from engine.rl import grpo
 
         spec = self.spec
-        self.events.append("state", {"state": "running"}, durable=True)
+        if not self.restarted:  # a replacement goes on in the state the job is in (running, paused)
+            self.events.append("state", {"state": "running"}, durable=True)
         try:
             summary = grpo.train(self.client, job=self.job_id, model=spec.model, task=spec.task,
                                  steps=spec.steps, seed=spec.seed, config=spec.grpo, tools=spec.tools,
-                                 dataset=spec.dataset)
+                                 dataset=spec.dataset, resume=self.resume)
             self._export(summary)
         except BaseException as exc:
+            if isinstance(exc, EngineFault):  # not the job's doing: the engine service recovers it
+                raise
+            if is_engine_fault(exc):
+                raise EngineFault(f"{type(exc).__name__}: {exc}") from None
             self.events.append("state", {"state": "failed", "reason": f"{type(exc).__name__}: {exc}"},
                                durable=True)
             raise
@@ -64,7 +83,6 @@ class JobDriver:
         """Keep what this job measured as the profile of its shape (``engine.estimate``), so the next
         job of that shape is estimated from it. Best effort: a job never fails for its profile."""
         from engine.estimate import write_profile
-        from engine.eventlog import read_events
 
         try:
             usage = [e["data"] for e in read_events(self.events.path) if e["kind"] == "usage"]

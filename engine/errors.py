@@ -21,3 +21,19 @@ class SpecError(EngineError, ValueError):
 
 class ModelNotFound(EngineError):
     """A model preset or directory does not exist or is not a usable Hugging Face model."""
+
+
+class EngineFault(RuntimeError):
+    """A part of the engine died under a job (a worker rank, the scheduler, the job's driver), not
+    the job's own doing: the engine service restarts what died and resumes the job from its last
+    checkpoint (``engine.recovery``)."""
+
+
+def is_engine_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` says a part of the engine died under a job (the job recovers), not that the
+    job itself went wrong (it fails): an ``EngineFault``, a dead Ray actor, a broken scheduler socket."""
+    from ray.exceptions import RayActorError
+
+    from engine.wire import Closed
+
+    return isinstance(exc, (EngineFault, RayActorError, Closed))

@@ -32,6 +32,7 @@ from typing import Any
 
 import ray
 
+from engine.errors import is_engine_fault
 from engine.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
 from engine.paths import plexrl_home
 from engine.spec import JobSpec
@@ -55,6 +56,7 @@ class ServiceConfig:
     devices_per_group: float = 1.0  # device slots each group's rank holds
     threads: int = 1  # torch threads per rank (fixed: results must not depend on load)
     max_resident: int = 2  # job states a group holds at once; others wait on the host
+    max_recoveries: int = 3  # restarts of a job after engine faults before it is failed
 
 
 def events_path(data_dir: Path, job_id: str) -> Path:
@@ -86,46 +88,61 @@ class EngineService:
         self.drivers: dict[str, Any] = {}  # job id -> driver actor, while it runs
         self.runs: dict[str, Any] = {}  # job id -> ObjectRef of its run()
         self.cancelling: set[str] = set()
-        self.lock = threading.Lock()
+        self.jobs: dict[str, tuple[JobSpec, str]] = {}  # job id -> (spec, tenant), while it runs here
+        self.recoveries: dict[str, int] = {}  # job id -> times it was resumed after an engine fault
+        self.replacing: set[str] = set()  # jobs whose driver the service kills to start a new one
+        self.lock = threading.RLock()
         threading.Thread(target=self._watch, daemon=True).start()
 
     # -- worker groups ----------------------------------------------------------------------------
-    def _groups_for(self, spec: JobSpec) -> list[Any]:
+    @staticmethod
+    def _group_keys(spec: JobSpec) -> list[tuple[str, str, int]]:
+        return [("train", spec.trainer, spec.tp), ("rollout", spec.rollout, 1)]
+
+    def _start_group(self, key: tuple[str, str, int]) -> Any:
         from engine.scheduler.placement import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
         from engine.workers.group import Swapping, WorkerGroup
 
-        wanted = [("train", spec.trainer, spec.tp, TRAIN_FUNCTIONS), ("rollout", spec.rollout, 1, ROLLOUT_FUNCTIONS)]
-        out = []
-        for side, kind, ranks, serves in wanted:
-            key = (side, kind, ranks)
+        side, kind, ranks = key
+        return WorkerGroup.start(
+            f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else ""), kind, world_size=ranks,
+            threads=self.config.threads, data_dir=self.data_dir,
+            devices_per_rank=self.config.devices_per_group / ranks,
+            swapping=Swapping(max_resident=self.config.max_resident),
+            serves=TRAIN_FUNCTIONS if side == "train" else ROLLOUT_FUNCTIONS)
+
+    def _groups_for(self, spec: JobSpec) -> list[Any]:
+        for key in self._group_keys(spec):
             if key not in self.groups:
-                self.groups[key] = WorkerGroup.start(
-                    f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else ""), kind, world_size=ranks,
-                    threads=self.config.threads, data_dir=self.data_dir,
-                    devices_per_rank=self.config.devices_per_group / ranks,
-                    swapping=Swapping(max_resident=self.config.max_resident), serves=serves)
-            out.append(self.groups[key])
-        return out
+                self.groups[key] = self._start_group(key)
+        return [self.groups[key] for key in self._group_keys(spec)]
+
+    def _start_driver(self, job_id: str, *, resume: bool = False) -> None:
+        """Start the job's driver (``resume``: it replaces one that died). Holds the lock."""
+        from engine.driver import JobDriver
+
+        spec, tenant = self.jobs[job_id]
+        driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2).remote(
+            job_id, spec, self._groups_for(spec), str(events_path(self.data_dir, job_id)), self.config.threads,
+            tenant, resume)
+        self.drivers[job_id] = driver
+        self.runs[job_id] = driver.run.remote()
 
     # -- the service API ----------------------------------------------------------------------------
     def submit_job(self, job_id: str, spec: dict[str, Any], tenant: str = "") -> dict[str, Any]:
-        from engine.driver import JobDriver
-
         job_id = _check_job_id(job_id)
         parsed = JobSpec.from_dict(spec)
         path = events_path(self.data_dir, job_id)
         with self.lock:
             if job_id in self.drivers or path.exists():
                 return self.status(job_id)  # submitted before: never a second driver
-            groups = self._groups_for(parsed)
+            self._groups_for(parsed)
             log = EventLog(path)
             log.append("state", {"state": "queued"}, durable=True)
             log.append("spec", parsed.to_dict(), durable=True)
             log.close()
-            driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2).remote(
-                job_id, parsed, groups, str(path), self.config.threads, tenant)
-            self.drivers[job_id] = driver
-            self.runs[job_id] = driver.run.remote()
+            self.jobs[job_id] = (parsed, tenant)
+            self._start_driver(job_id)
         return self.status(job_id)
 
     def status(self, job_id: str) -> dict[str, Any]:
@@ -226,6 +243,7 @@ class EngineService:
         with self.lock:
             self.drivers.pop(job_id, None)
             self.runs.pop(job_id, None)
+            self.jobs.pop(job_id, None)
             self.cancelling.discard(job_id)
             path = events_path(self.data_dir, job_id)
             if terminal is not None and job_state(read_events(path)).get("state") not in TERMINAL_STATES:
@@ -239,7 +257,8 @@ class EngineService:
         died (killed, out of memory, its node lost) is logged here as failed."""
         while True:
             with self.lock:
-                pending = {ref: job for job, ref in self.runs.items() if job not in self.cancelling}
+                pending = {ref: job for job, ref in self.runs.items()
+                           if job not in self.cancelling and job not in self.replacing}
             if not pending:
                 time.sleep(0.2)
                 continue
@@ -249,9 +268,112 @@ class EngineService:
                 try:
                     ray.get(ref)
                     self._finish(job, None)
-                except Exception as exc:  # any way a driver ends badly is a failed job
-                    if job not in self.cancelling:
+                except Exception as exc:  # a driver that ends badly: recovered, or a failed job
+                    if job in self.cancelling or self.runs.get(job) != ref:
+                        continue
+                    if is_engine_fault(exc):  # it died, or something under it did
+                        self._recover(job, exc)
+                    else:
                         self._finish(job, {"state": "failed", "reason": f"driver ended: {type(exc).__name__}"})
+
+    # -- recovery -----------------------------------------------------------------------------------
+    def _recover(self, job_id: str, exc: BaseException) -> None:
+        """An engine fault ended the job's driver: replace what died (the scheduler, worker groups
+        that lost a rank), then resume every job that ran on it from its last checkpoint."""
+        reason = _fault_reason(exc)
+        with self.lock:
+            if job_id not in self.jobs:
+                return
+            affected = {job_id} | self._heal()
+            for job in sorted(affected & set(self.drivers)):
+                count = self.recoveries[job] = self.recoveries.get(job, 0) + 1
+                if count > self.config.max_recoveries:
+                    self._stop_driver(job)
+                    self._finish(job, {"state": "failed", "reason": f"engine fault, not recovered after "
+                                                                    f"{count - 1} restarts: {reason}"})
+                    continue
+                self._replace_driver(job, f"engine fault ({reason}); restart {count} of "
+                                          f"at most {self.config.max_recoveries}")
+
+    def _heal(self) -> set[str]:
+        """Start a new scheduler if it died, and new worker groups for those that lost a rank.
+        Returns the running jobs that used what was replaced (all of them for the scheduler)."""
+        from engine.scheduler.service import SCHEDULER_NAME, scheduler_service
+
+        try:
+            ray.get(ray.get_actor(SCHEDULER_NAME).ping.remote(), timeout=60)
+            scheduler_ok = True
+        except Exception:
+            scheduler_ok = False
+        affected: set[str] = set()
+        if not scheduler_ok:
+            _wait_name_free(SCHEDULER_NAME)
+            scheduler = scheduler_service(list(self.groups.values()))
+            affected |= set(self.drivers)
+            paused = [job for job in self.drivers if self.status(job).get("state") == "paused"]
+            ray.get([scheduler.pause.remote(job) for job in paused])  # budgets: the platform sends them again
+        else:
+            scheduler = scheduler_service()
+        lost = ray.get(scheduler.lost_groups.remote())
+        for key, group in list(self.groups.items()):
+            if group.name not in lost:
+                continue
+            group.shutdown()
+            for rank in range(len(group.ranks)):
+                _wait_name_free(f"wpg:{group.name}:{rank}")
+            self.groups[key] = self._start_group(key)
+            ray.get(scheduler.add_groups.remote([self.groups[key]]))
+            affected |= {job for job, (spec, _) in self.jobs.items() if key in self._group_keys(spec)}
+        return affected
+
+    def _stop_driver(self, job_id: str) -> None:
+        """Kill the job's driver and wait until it is gone (holds the lock)."""
+        self.replacing.add(job_id)
+        try:
+            ray.kill(self.drivers[job_id], no_restart=True)
+            with contextlib.suppress(Exception):  # it died, which is the point
+                ray.get(self.runs[job_id], timeout=60)
+            _wait_name_free(f"driver:{job_id}")
+        finally:
+            self.replacing.discard(job_id)
+
+    def _replace_driver(self, job_id: str, why: str) -> None:
+        """Kill the job's driver (if alive), drop its calls and states, start one that resumes."""
+        from engine.scheduler.service import scheduler_service
+
+        self._stop_driver(job_id)
+        ray.get(scheduler_service().abandon.remote(job_id))  # the dead driver's queued calls
+        spec, _ = self.jobs[job_id]
+        for key in self._group_keys(spec):  # its states, once its running calls are done
+            self.groups[key].drop_job(job_id)
+        log = EventLog(events_path(self.data_dir, job_id))
+        try:
+            log.append("recovery", {"message": why, "attempt": self.recoveries[job_id]}, durable=True)
+        finally:
+            log.close()
+        self._start_driver(job_id, resume=True)
+
+
+def _fault_reason(exc: BaseException) -> str:
+    """One line saying what died: the error a driver raised (not Ray's wrapper and traceback)."""
+    from ray.exceptions import RayTaskError
+
+    while isinstance(exc, RayTaskError) and isinstance(exc.cause, BaseException):
+        exc = exc.cause
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _wait_name_free(name: str, timeout: float = 30.0) -> None:
+    """Until no live actor holds ``name`` (a killed actor's name is released once Ray sees it dead)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name)
+        except ValueError:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"actor {name!r} still holds its name after {timeout:.0f} s")
 
 
 class EngineClient:

@@ -66,6 +66,9 @@ class GRPOConfig:
     # recomputes them with a trainer forward pass, for rollout engines whose numerics differ
     # (e.g. bf16 sampling against an fp32 trainer).
     recompute_logprobs: bool = False
+    # Every this many steps the policy (weights and optimizer state) is checkpointed, so that a job
+    # whose driver or worker dies resumes from there and replays the steps since (0: never).
+    checkpoint_every: int = 10
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -98,6 +101,8 @@ class GRPOConfig:
             raise SpecError("lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}")
         if self.warmup_steps < 0:
             raise SpecError("warmup_steps", "must be >= 0")
+        if self.checkpoint_every < 0:
+            raise SpecError("checkpoint_every", "must be >= 0 (0: never)")
 
 
 def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
@@ -147,11 +152,14 @@ def _step_seed(seed: int, step: int) -> int:
 
 def train(
     client: Client, *, job: str, model: str, task: str, steps: int, seed: int, config: GRPOConfig,
-    tools: ToolConfig | None = None, on_step=None, dataset: str | None = None,
+    tools: ToolConfig | None = None, on_step=None, dataset: str | None = None, resume: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run ``steps`` GRPO steps; metrics go to the job's event log. Returns the summary.
 
-    ``tools`` configures the calculator of a tool-using task (ignored by other tasks)."""
+    ``tools`` configures the calculator of a tool-using task (ignored by other tasks). ``resume``:
+    the data of the job's last ``checkpoint`` event (``Client.log_checkpoint``): the run goes on
+    after that step from the checkpointed policy, as if it had never stopped (every step's data,
+    samples and shuffles come from (seed, step), not from what ran before)."""
     task_impl = get_task(task, dataset)
     tools = tools or ToolConfig()
     U = config.updates_per_step
@@ -177,10 +185,17 @@ def train(
         return evaluate(client, policy, eval_set, tokenizer, max_tokens, protocol=protocol, tools=tools,
                         latency_key=(seed, step, 1), reward=reward)
 
-    initial, _ = run_eval(0)
-    client.log(f"initial held-out accuracy {initial['accuracy']:.3f}")
-    evals: list[float] = []
-    for step in range(1, steps + 1):
+    first = 1
+    if resume is not None:
+        policy.load_checkpoint(resume["tag"]).result()  # weights, optimizer moments and step count
+        policy.sync_weights().result()  # the rollout side samples from the restored weights
+        initial, evals, first = resume["state"]["initial"], list(resume["state"]["evals"]), resume["step"] + 1
+        client.log(f"resumed after step {resume['step']} from checkpoint {resume['tag']}")
+    else:
+        initial, _ = run_eval(0)
+        client.log(f"initial held-out accuracy {initial['accuracy']:.3f}")
+        evals = []
+    for step in range(first, steps + 1):
         t_start = time.perf_counter()
         rng = np.random.default_rng([seed, step, 1])
         problems = task_impl.train_batch(seed, step, config.prompts_per_step)
@@ -274,6 +289,10 @@ def train(
         if protocol is not None:
             timings["tool_stall"] = stall  # waited on the tool, in generate and eval: idle rollout time
         client.log_timings(step, timings)
+        if config.checkpoint_every and step % config.checkpoint_every == 0 and step < steps:
+            tag = f"step-{step}"
+            saved = policy.save_checkpoint(tag).result()
+            client.log_checkpoint(step, tag, saved["path"], {"initial": initial, "evals": evals})
         if on_step is not None:
             on_step(step, metrics)
 

@@ -427,6 +427,30 @@ class Scheduler:
                     decisions.append(Prefetch(name, nxt.deployment))
         return decisions
 
+    def abandon(self, job: str) -> list[int]:
+        """The job's driver is gone (a new one will submit its calls afresh, in a new stream): drop
+        the job's queued calls; its running calls finish as usual. Returns the ids dropped."""
+        dropped = []
+        for key in [k for k in self._pending if k[0] == job]:
+            pending = self._pending[key]
+            for seq, call_id in list(pending.items()):
+                call = self.queue.pop(call_id, None)
+                if call is None:
+                    continue  # running
+                if self._ready.get(key) == call_id:
+                    del self._ready[key]
+                    self._marks -= call.fn == STEP
+                self._ready_at.pop(call_id, None)
+                del pending[seq]
+                dropped.append(call_id)
+            if not pending:
+                del self._pending[key]
+        return dropped
+
+    def reset_wpg(self, name: str) -> None:
+        """The WPG was replaced by a new one (its ranks died): it holds no job's state."""
+        self.wpgs[name].resident.clear()
+
     def forget(self, job: str) -> None:
         """The job has ended: drop its estimates and costs (it must have no calls left). Its states
         stay resident where they are until evicted, as they do on the WPGs themselves."""

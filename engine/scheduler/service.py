@@ -29,8 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError, RayTaskError
 
 from engine.api import Request
+from engine.errors import EngineFault
 from engine.scheduler.core import STEP, Dispatch, Policy, Prefetch, Scheduler
 from engine.scheduler.placement import ROLLOUT_FUNCTIONS
 from engine.wire import frame, listen_private, read_frame
@@ -61,13 +63,21 @@ class SchedulerService:
         self._server: asyncio.AbstractServer | None = None
         self._socket_tried = False
         self.socket_calls = 0  # calls submitted over the socket (tests and benchmarks see it is used)
+        self.lost: dict[str, str] = {}  # WPG -> why it is unusable (a rank died), until replaced
 
     def _now(self) -> float:
         return self._wall_origin + (time.monotonic() - self._origin)
 
+    def ping(self) -> None:
+        return None
+
     def add_groups(self, groups: list[Any]) -> None:
-        """Register worker groups (idempotent by name; a restarted group replaces the old handle)."""
+        """Register worker groups (idempotent by name; a restarted group replaces the old handle,
+        holding no job's state yet)."""
         for g in groups:
+            if g.name in self.groups and self.groups[g.name].ranks != g.ranks:
+                self.lost.pop(g.name, None)
+                self.core.reset_wpg(g.name)
             self.groups[g.name] = g
             rollout = g.serves & ROLLOUT_FUNCTIONS
             kind = "rollout" if g.serves <= ROLLOUT_FUNCTIONS else "both" if rollout else "train"
@@ -182,11 +192,27 @@ class SchedulerService:
     async def _run(self, dispatch: Dispatch) -> None:
         call = dispatch.call
         done, request = self._waiting.pop(call.id)
-        ranks = self.groups[call.wpgs[0]].ranks
-        if len(ranks) > 1 and not isinstance(request, ray.ObjectRef):
-            request = ray.put(request)  # stored once for all the ranks (a socket call's arrives by value)
-        outcomes = await _run_on(ranks, request)
-        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        wpg = call.wpgs[0]
+        lost = [self.lost[w] for w in call.wpgs if w in self.lost]
+        cause = None  # of the call's failure, when a rank died: the other ranks' errors follow from it
+        if lost:  # a group that lost a rank runs nothing until the engine replaces it
+            cause = EngineFault(lost[0])
+            outcomes: list = [cause]
+        else:
+            ranks = self.groups[wpg].ranks
+            if len(ranks) > 1 and not isinstance(request, ray.ObjectRef):
+                request = ray.put(request)  # stored once for all the ranks (a socket call's arrives by value)
+            outcomes = await _run_on(ranks, request)
+            dead = [i for i, o in enumerate(outcomes) if _died(o)]
+            if dead:
+                self.lost[wpg] = f"worker group {wpg} lost rank {dead[0]} during {call.fn} of {call.job}"
+                _log.warning("scheduler: %s", self.lost[wpg])
+                cause = EngineFault(self.lost[wpg])
+            # a rank that failed because another process died (the trainer a sync pulls from)
+            outcomes = [EngineFault(f"{call.fn} of {call.job} on {wpg}: {o.cause!r}")
+                        if isinstance(o, RayTaskError) and isinstance(o.cause, RayActorError) else o
+                        for o in outcomes]
+        failed = cause or next((o for o in outcomes if isinstance(o, BaseException)), None)
         if failed is not None:
             self.core.complete(call.id, self._now())
             done.set_exception(failed)
@@ -224,6 +250,21 @@ class SchedulerService:
     def forget(self, job: str) -> None:
         self.core.forget(job)
 
+    def abandon(self, job: str) -> int:
+        """The job's driver is gone: its queued calls are dropped (their callers, if any still
+        wait, get ``EngineFault``); calls already running finish. Returns how many were dropped."""
+        dropped = self.core.abandon(job)
+        for call_id in dropped:
+            done, _ = self._waiting.pop(call_id, (None, None))
+            if done is not None and not done.done():
+                done.set_exception(EngineFault(f"{job}'s driver was replaced; call dropped"))
+        self._pump()
+        return len(dropped)
+
+    def lost_groups(self) -> dict[str, str]:
+        """Worker groups that lost a rank (name -> what happened), until ``add_groups`` replaces them."""
+        return dict(self.lost)
+
     def stats(self) -> dict[str, Any]:
         return {
             "queued": len(self.core.queue),
@@ -255,13 +296,38 @@ def stop_scheduler() -> None:
 
 
 async def _run_on(ranks: list, request: Any) -> list:
-    """Each rank's ``run(request)``: its result, or the exception it raised."""
+    """Each rank's ``run(request)``: its result, or the exception it raised. When a rank of a
+    multi-rank group dies, the others are killed: they would wait forever in a collective
+    operation for the dead one (the group is lost either way; the engine starts a new one)."""
     if len(ranks) == 1:  # most WPGs: awaited directly, without a task per rank
         try:
             return [await ranks[0].run.remote(request)]
         except Exception as exc:
             return [exc]
-    return await asyncio.gather(*[rank.run.remote(request) for rank in ranks], return_exceptions=True)
+    futures = [asyncio.ensure_future(_outcome(rank.run.remote(request))) for rank in ranks]
+    pending, stopped = set(futures), set()
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        if any(_died(f.result()) for f in done) and pending and not stopped:
+            stopped = {futures.index(f) for f in pending}
+            for i in stopped:
+                with contextlib.suppress(Exception):
+                    ray.kill(ranks[i], no_restart=True)
+    # the ranks stopped here did not die of themselves: only the one that did is reported as dead
+    return [EngineFault(f"rank {i} stopped with its group") if i in stopped else f.result()
+            for i, f in enumerate(futures)]
+
+
+def _died(outcome: Any) -> bool:
+    """Whether a rank's outcome says the rank itself died (not that a call it made failed)."""
+    return isinstance(outcome, RayActorError) and not isinstance(outcome, RayTaskError)
+
+
+async def _outcome(ref) -> Any:
+    try:
+        return await ref
+    except Exception as exc:
+        return exc
 
 
 def _failure_frame(call_id: int, exc: Exception) -> bytes:

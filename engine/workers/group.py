@@ -17,6 +17,7 @@ from typing import Any
 import ray
 import torch
 
+from engine import faults
 from engine.api import OptimizerConfig, Request
 from engine.workers.backend import BackendKind, backend_class
 from engine.workers.layout import gather_shards
@@ -66,6 +67,7 @@ class WorkerRank:
         torch.set_num_threads(threads)
         torch.manual_seed(0)
         self.rank = rank
+        self.wpg, self.data_dir = wpg, data_dir
         # dist_url only where there is one, so single-rank backends need not know the argument
         extra = {} if dist_url is None else {"dist_url": dist_url}
         self.backend = backend_class(kind)(rank=rank, world_size=world_size, data_dir=Path(data_dir), **extra)
@@ -96,10 +98,18 @@ class WorkerRank:
         self.lru.pop(tuple(deployment), None)
         self.backend.drop(tuple(deployment))
 
+    def drop_job(self, job: str) -> int:
+        """Release every deployment of ``job`` here (its driver is being replaced); returns how many."""
+        mine = [d for d in self.lru if d[0] == job]
+        for deployment in mine:
+            self.drop(deployment)
+        return len(mine)
+
     def run(self, request: Request) -> tuple[Any, dict[str, float]]:
         """Execute a call the scheduler dispatched; returns its result and its timing: ``setup_s``
         (switching the deployment's state in) and ``exec_s`` (the rest), queue wait excluded.
         A bulky call's result comes back as ``[ObjectRef]`` (see ``BULKY``)."""
+        faults.check(self.data_dir, "rank", job=request.job, fn=request.fn, wpg=self.wpg, rank=self.rank)
         started = time.perf_counter()
         self._setup_s = 0.0
         create = request.fn == CREATE
@@ -259,6 +269,9 @@ class WorkerGroup:
 
     def materialize(self, deployment) -> list[dict[str, Any]]:
         return self._all("materialize", deployment)[0]
+
+    def drop_job(self, job: str) -> None:
+        self._all("drop_job", job)
 
     def submit(self, request: Request) -> ray.ObjectRef:
         """Every rank executes the call (SPMD); rank 0's result is the call's result."""

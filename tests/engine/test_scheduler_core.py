@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from engine.metering import UsageRecord, device_seconds
 from engine.scheduler.core import (
     EXEC_FLOOR_S,
+    STEP,
     Call,
     Dispatch,
     ExecEstimates,
@@ -1001,3 +1002,32 @@ def test_calls_running_at_once_reserve_their_estimates_against_the_budget():
     assert s.budget_left("acme") == -0.5
     with pytest.raises(ValueError, match="finite"):
         s.set_budget("acme", float("nan"))
+
+
+# --- a job whose driver was replaced ----------------------------------------------------------------
+
+
+def test_abandon_drops_a_jobs_queued_calls_its_running_call_finishes_and_a_new_stream_runs():
+    s = scheduler("w0", "w1")
+    old = [s.submit("a", "actor", "generate", ("w0",), 0.0, stream="dead", seq=i) for i in range(3)]
+    s.submit("a", "actor", STEP, (), 0.0, stream="dead", seq=3)
+    other = s.submit("b", "actor", "generate", ("w1",), 0.0, stream="b", seq=0)
+    assert set(started(s.decide(0.0))) == {old[0].id, other.id}
+    assert sorted(s.abandon("a")) == [old[1].id, old[2].id, old[2].id + 1]  # queued ones, the mark too
+    assert not any(c.job == "a" for c in s.queue.values())
+    assert s.abandon("b") == []  # b's one call is running: nothing queued to drop
+    s.complete(old[0].id, 1.0, exec_s=1.0)  # the dead driver's running call ends as usual
+    new = [s.submit("a", "actor", "generate", ("w0",), 1.0, stream="new", seq=i) for i in range(2)]
+    assert started(s.decide(1.0)) == [new[0].id]
+    s.complete(new[0].id, 2.0, exec_s=1.0)
+    assert started(s.decide(2.0)) == [new[1].id]
+
+
+def test_a_replaced_wpg_holds_no_state():
+    s = scheduler(("w0", 2))
+    call = s.submit("a", "actor", "generate", ("w0",), 0.0)
+    [dispatched] = started(s.decide(0.0))
+    s.complete(dispatched, 1.0, exec_s=1.0)
+    assert s.setup_estimate(call)[1] == ()  # resident
+    s.reset_wpg("w0")
+    assert s.setup_estimate(call)[1] == ("w0",)  # the new group must load it again

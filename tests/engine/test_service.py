@@ -1,5 +1,6 @@
-"""The engine's service API: submit (idempotently), read events by cursor, pause, resume, cancel, and a
-driver that dies is a failed job. Real Ray actors, real worker groups, the tiny preset."""
+"""The engine's service API: submit (idempotently), read events by cursor, pause, resume, cancel,
+budgets. Real Ray actors, real worker groups, the tiny preset. (A driver that dies is resumed, or
+after too many restarts failed: ``test_recovery``.)"""
 
 from __future__ import annotations
 
@@ -110,7 +111,18 @@ def test_pause_holds_the_job_and_resume_finishes_it_with_the_same_metrics(engine
 
 
 def usage_device_s(events: list[dict]) -> list[float]:
+    """Device-seconds of each usage record: one per worker group a call held."""
     return [e["data"]["devices"] * (e["data"]["end"] - e["data"]["start"]) for e in events if e["kind"] == "usage"]
+
+
+def call_device_s(events: list[dict]) -> list[float]:
+    """Device-seconds of each call: a call on two worker groups (sync_weights) is charged on both."""
+    calls: dict[int, float] = {}
+    for e in events:
+        if e["kind"] == "usage":
+            calls[e["data"]["call"]] = calls.get(e["data"]["call"], 0.0) + e["data"]["devices"] * (
+                e["data"]["end"] - e["data"]["start"])
+    return list(calls.values())
 
 
 def test_a_budget_of_twenty_calls_holds_the_job_mid_run_and_bounds_the_overrun(engine, plain_run):
@@ -135,7 +147,7 @@ def test_a_budget_of_twenty_calls_holds_the_job_mid_run_and_bounds_the_overrun(e
     billed = sum(usage_device_s(held))
     assert billed == pytest.approx(budget - left, rel=1e-9)  # what was charged is what the log bills
     assert left <= 0  # it stopped when the budget was spent
-    assert -left <= max(0.01 * budget, max(usage_device_s(held)))  # overrun: 1 % of the budget, or one call
+    assert -left <= max(0.01 * budget, max(call_device_s(held)))  # overrun: 1 % of the budget, or one call
     assert engine.set_budget("budget-lab", None) == pytest.approx(left)  # no limit: the job goes on
     events = wait_for(engine, "svc-budget", finished)
     free = wait_for(engine, "svc-budget-free", finished)
@@ -154,17 +166,6 @@ def test_cancel_stops_the_driver_and_the_log_ends_cancelled(engine):
     time.sleep(2.0)
     assert engine.events("svc-cancel") == last  # nobody writes after the end
     assert len(metrics(last)) < 50
-
-
-def test_a_driver_that_dies_is_a_failed_job(engine):
-    import ray
-
-    engine.submit_job("svc-dies", dataclasses.replace(SPEC, steps=50))
-    wait_for(engine, "svc-dies", lambda ev: len(metrics(ev)) >= 1)
-    ray.kill(ray.get_actor("driver:svc-dies", namespace="plexrl"))
-    events = wait_for(engine, "svc-dies", finished, timeout=60)
-    assert states(events)[-1] == "failed"
-    assert "driver ended" in events[-1]["data"]["reason"]
 
 
 def test_bad_input_names_the_field_and_creates_nothing(engine, plexrl_home):

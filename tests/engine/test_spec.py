@@ -134,6 +134,8 @@ BAD_GRPO = [
     ("clip_eps", 1.0),
     ("kl_coef", -0.1),
     ("temperature", 0.0),
+    ("checkpoint_every", -1),
+    ("checkpoint_every", 1.5),
 ]
 
 

@@ -1,0 +1,151 @@
+"""Engine faults, one at a time, mid-run: a job's driver, a rollout rank mid-generate, one rank of
+a TP=2 trainer mid-forward_backward, the scheduler. Real processes die (SIGKILL through a fail
+point, or ``ray.kill``); the engine service replaces what died and resumes the jobs from their last
+checkpoint. Each job must then end as an undisturbed run with the same seed does: the same metrics,
+every step logged once, no device time billed twice; a job that keeps failing ends failed, with
+its reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections import Counter, defaultdict
+
+import pytest
+import ray
+
+from engine import faults
+from engine.rl.grpo import GRPOConfig
+from engine.service import EngineClient, ServiceConfig
+from engine.spec import JobSpec
+from tests.engine.test_service import finished, metrics, states, wait_for
+
+# seed 0: every step has groups with mixed rewards, so every step trains (a resumed job must have
+# its weights and optimizer state back to learn the same)
+SPEC = JobSpec(task="arith", model="tiny-arith", steps=4, seed=0, rollout="torch", trainer="torch",
+               grpo=GRPOConfig(prompts_per_step=8, samples_per_prompt=4, updates_per_step=2, eval_every=2,
+                               eval_size=10, max_tokens=6, temperature=1.0, checkpoint_every=1))
+TP2 = dataclasses.replace(SPEC, trainer="megatron", tp=2, steps=3)
+
+
+@pytest.fixture(scope="module")
+def engine(ray_engine, plexrl_home, tiny_model_dir):
+    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=0.25, threads=1,
+                                                                     max_recoveries=2))
+    yield client
+    client.shutdown()
+
+
+@pytest.fixture(scope="module")
+def plain(engine):
+    """Undisturbed runs: what every disturbed job must end with."""
+    engine.submit_job("rec-plain", SPEC)
+    events = wait_for(engine, "rec-plain", finished)
+    assert all(m["groups_used"] > 0 and m["loss"] != 0 for m in metrics(events)[:3])
+    return events
+
+
+def recoveries(events: list[dict]) -> list[dict]:
+    return [e["data"] for e in events if e["kind"] == "recovery"]
+
+
+def assert_recovered(events: list[dict], undisturbed: list[dict], times: int = 1) -> None:
+    assert states(events)[-1] == "succeeded", states(events)
+    assert len(recoveries(events)) == times  # the fault happened, and was recovered from
+    assert metrics(events) == metrics(undisturbed)  # learned the same, step by step
+    steps = [m["step"] for m in metrics(events)]
+    assert steps == sorted(set(steps))  # no point lost or twice
+    assert not any("replayed after a restart with different metrics" in e["data"].get("message", "")
+                   for e in events if e["kind"] == "log")
+    seqs = [e["seq"] for e in events]
+    assert seqs == list(range(1, len(seqs) + 1))
+    # billing reads usage events: none twice, and no two on a worker group overlap in time (a group
+    # runs one call at a time, so an overlap would be one device-second billed twice)
+    usage = [e["data"] for e in events if e["kind"] == "usage"]
+    assert not [r for r, n in Counter(tuple(sorted(u.items())) for u in usage).items() if n > 1]
+    by_group = defaultdict(list)
+    for u in usage:
+        by_group[u["wpg"]].append((u["start"], u["end"]))
+    for spans in by_group.values():
+        spans.sort()
+        assert all(b[0] >= a[1] for a, b in itertools.pairwise(spans))
+
+
+def wait_for_step(engine: EngineClient, job: str, step: int) -> None:
+    wait_for(engine, job, lambda events: any(m["step"] >= step for m in metrics(events)))
+
+
+def test_a_driver_killed_mid_run_resumes_from_its_checkpoint(engine, plain):
+    engine.submit_job("rec-driver", SPEC)
+    wait_for_step(engine, "rec-driver", 2)
+    ray.kill(ray.get_actor("driver:rec-driver"), no_restart=True)
+    events = wait_for(engine, "rec-driver", finished)
+    assert_recovered(events, plain)
+    resumed = [e["data"]["message"] for e in events
+               if e["kind"] == "log" and e["data"]["message"].startswith("resumed after step ")]
+    assert len(resumed) == 1
+    # killed once step 2 was logged: before or after its checkpoint, or during step 3
+    assert resumed[0] in {f"resumed after step {n} from checkpoint step-{n}" for n in (1, 2, 3)}
+
+
+def test_a_rollout_rank_killed_mid_generate_is_replaced_and_the_job_resumes(engine, plain, plexrl_home):
+    # generate calls: the initial evaluation, then one per step: the third is step 2's
+    faults.arm(plexrl_home, "rank", nth=3, job="rec-rollout", fn="generate")
+    engine.submit_job("rec-rollout", SPEC)
+    events = wait_for(engine, "rec-rollout", finished)
+    assert faults.tripped(plexrl_home, "rank")
+    assert_recovered(events, plain)
+    assert "lost rank 0 during generate of rec-rollout" in recoveries(events)[0]["message"]
+
+
+def test_the_scheduler_killed_mid_run_resumes_every_job(engine, plain):
+    for job in ("rec-sched-a", "rec-sched-b"):
+        engine.submit_job(job, SPEC)
+    wait_for_step(engine, "rec-sched-a", 1)
+    ray.kill(ray.get_actor("plexrl-scheduler"), no_restart=True)
+    for job in ("rec-sched-a", "rec-sched-b"):
+        assert_recovered(wait_for(engine, job, finished), plain)
+
+
+def test_a_tp2_rank_killed_mid_forward_backward_takes_its_group_down_and_the_job_resumes(engine, plexrl_home):
+    engine.submit_job("rec-tp2-plain", TP2)
+    undisturbed = wait_for(engine, "rec-tp2-plain", finished, timeout=300)
+    assert states(undisturbed)[-1] == "succeeded"
+    assert all(m["groups_used"] > 0 and m["loss"] != 0 for m in metrics(undisturbed))
+    # rank 1 dies as it starts step 2's first forward_backward; rank 0 waits for it in the
+    # tensor-parallel all-reduce, and is killed with its group
+    faults.arm(plexrl_home, "rank", nth=3, job="rec-tp2", fn="forward_backward", rank=1)
+    engine.submit_job("rec-tp2", TP2)
+    events = wait_for(engine, "rec-tp2", finished, timeout=300)
+    assert faults.tripped(plexrl_home, "rank")
+    assert_recovered(events, undisturbed)
+    assert "lost rank 1 during forward_backward of rec-tp2" in recoveries(events)[0]["message"]
+
+
+def test_a_job_whose_driver_keeps_dying_ends_failed_with_its_reason(engine):
+    spec = dataclasses.replace(SPEC, steps=30)  # long enough to be killed three times
+    engine.submit_job("rec-doomed", spec)
+    def stepping_after(n: int):  # the n-th driver has logged a step
+        def ok(events: list[dict]) -> bool:
+            marks = [e["seq"] for e in events if e["kind"] == "recovery"]
+            return len(marks) == n and any(e["kind"] == "metrics" and e["seq"] > max(marks, default=0)
+                                           for e in events)
+        return ok
+
+    for attempt in range(3):  # the engine allows two restarts (max_recoveries=2)
+        wait_for(engine, "rec-doomed", stepping_after(attempt))
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ray.kill(ray.get_actor("driver:rec-doomed"), no_restart=True)
+                break
+            except ValueError:  # between two drivers
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    events = wait_for(engine, "rec-doomed", finished)
+    assert states(events)[-1] == "failed"
+    reason = [e["data"] for e in events if e["kind"] == "state"][-1]["reason"]
+    assert reason.startswith("engine fault, not recovered after 2 restarts: ")
+    assert "ActorDiedError" in reason
+    assert len(recoveries(events)) == 2
