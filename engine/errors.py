@@ -37,3 +37,13 @@ def is_engine_fault(exc: BaseException) -> bool:
     from engine.wire import Closed
 
     return isinstance(exc, (EngineFault, RayActorError, Closed))
+
+
+def fault_reason(exc: BaseException) -> str:
+    """One line saying what went wrong: the error itself, not Ray's wrappers and their tracebacks."""
+    from ray.exceptions import RayTaskError
+
+    while isinstance(exc, RayTaskError) and isinstance(exc.cause, BaseException):
+        exc = exc.cause
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]

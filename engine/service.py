@@ -32,7 +32,7 @@ from typing import Any
 
 import ray
 
-from engine.errors import is_engine_fault
+from engine.errors import fault_reason, is_engine_fault
 from engine.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
 from engine.paths import plexrl_home
 from engine.spec import JobSpec
@@ -280,7 +280,7 @@ class EngineService:
     def _recover(self, job_id: str, exc: BaseException) -> None:
         """An engine fault ended the job's driver: replace what died (the scheduler, worker groups
         that lost a rank), then resume every job that ran on it from its last checkpoint."""
-        reason = _fault_reason(exc)
+        reason = fault_reason(exc)
         with self.lock:
             if job_id not in self.jobs:
                 return
@@ -352,16 +352,6 @@ class EngineService:
         finally:
             log.close()
         self._start_driver(job_id, resume=True)
-
-
-def _fault_reason(exc: BaseException) -> str:
-    """One line saying what died: the error a driver raised (not Ray's wrapper and traceback)."""
-    from ray.exceptions import RayTaskError
-
-    while isinstance(exc, RayTaskError) and isinstance(exc.cause, BaseException):
-        exc = exc.cause
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def _wait_name_free(name: str, timeout: float = 30.0) -> None:

@@ -32,7 +32,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from engine.api import Request
-from engine.errors import EngineFault
+from engine.errors import EngineFault, fault_reason, is_engine_fault
 from engine.scheduler.core import STEP, Dispatch, Policy, Prefetch, Scheduler
 from engine.scheduler.placement import ROLLOUT_FUNCTIONS
 from engine.wire import frame, listen_private, read_frame
@@ -208,9 +208,10 @@ class SchedulerService:
                 self.lost[wpg] = f"worker group {wpg} lost rank {dead[0]} during {call.fn} of {call.job}"
                 _log.warning("scheduler: %s", self.lost[wpg])
                 cause = EngineFault(self.lost[wpg])
-            # a rank that failed because another process died (the trainer a sync pulls from)
-            outcomes = [EngineFault(f"{call.fn} of {call.job} on {wpg}: {o.cause!r}")
-                        if isinstance(o, RayTaskError) and isinstance(o.cause, RayActorError) else o
+            # a rank that failed because another process died (the trainer a sync pulls from, the
+            # StateManager that held the job's state)
+            outcomes = [EngineFault(f"{call.fn} of {call.job} on {wpg}: {fault_reason(o)}")
+                        if isinstance(o, RayTaskError) and is_engine_fault(o.cause) else o
                         for o in outcomes]
         failed = cause or next((o for o in outcomes if isinstance(o, BaseException)), None)
         if failed is not None:

@@ -19,6 +19,8 @@ import torch
 
 from engine import faults
 from engine.api import OptimizerConfig, Request
+from engine.errors import EngineFault, fault_reason
+from engine.state.store import UnknownKey
 from engine.workers.backend import BackendKind, backend_class
 from engine.workers.layout import gather_shards
 
@@ -113,7 +115,11 @@ class WorkerRank:
         started = time.perf_counter()
         self._setup_s = 0.0
         create = request.fn == CREATE
-        result = self.create(request.deployment, **request.payload) if create else self.execute(request)
+        try:
+            result = self.create(request.deployment, **request.payload) if create else self.execute(request)
+        except UnknownKey as exc:  # this rank swapped the state out; only a dead StateManager loses it
+            raise EngineFault(f"the state of {'/'.join(request.deployment)} was lost with the StateManager "
+                              f"({fault_reason(exc)})") from None
         total = time.perf_counter() - started
         if request.fn in BULKY and self.rank == 0:
             result = [ray.put(result)]  # nested, so it stays a reference on its way to the caller
