@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -38,12 +37,6 @@ def production(engine_home, django_db_setup, tmp_path):
     with live.ray_cluster(env, tmp_path) as address:
         yield env | {"RAY_ADDRESS": address}
     broker.flushdb()
-
-
-def kill(proc: live.Process) -> None:
-    """SIGKILL to the process's whole session: no cleanup, no acknowledgement, as a lost node."""
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def wait_for_log(proc: live.Process, text: str, timeout: float) -> None:
@@ -89,7 +82,7 @@ def test_a_celery_worker_killed_mid_launch_loses_no_job(production, tmp_path):
     # the engine call went out lets the engine finish the submit alone: no launch is lost then).
     first = live.celery_worker(production | {"RAY_ADDRESS": "127.0.0.1:1"}, tmp_path / "a")
     wait_for_log(first, "jobs.tasks.launch_job", timeout=120)  # received: the task has started
-    kill(first)
+    first.kill_group()  # no cleanup, no acknowledgement, as a lost node
     home = Path(production["PLEXRL_HOME"])
     assert not events_path(home, job.engine_id).exists(), "the kill came after the launch reached the engine"
 
@@ -225,7 +218,7 @@ def test_a_web_server_killed_mid_run_leaves_its_clients_every_point_once(product
     try:
         job = services.job_create(organization=org, user=owner, spec={**SPEC, "steps": 6}, name="tiny",
                                   rollout_devices=1, train_devices=1)
-        listen(url, until_points=2, then=lambda: kill(server))
+        listen(url, until_points=2, then=server.kill_group)
         assert server.returncode is not None
         (tmp_path / "web-2").mkdir()
         second, url = live.asgi_server(production, tmp_path / "web-2")
