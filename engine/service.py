@@ -22,6 +22,7 @@ the pause and resume the service asks it to record.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import threading
@@ -36,6 +37,8 @@ from engine.errors import fault_reason, is_engine_fault
 from engine.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
 from engine.paths import plexrl_home
 from engine.spec import JobSpec
+
+_log = logging.getLogger(__name__)
 
 SERVICE_NAME = "plexrl-engine"
 MAX_EVENTS = 10_000  # per events() call
@@ -243,7 +246,7 @@ class EngineService:
         with self.lock:
             self.drivers.pop(job_id, None)
             self.runs.pop(job_id, None)
-            self.jobs.pop(job_id, None)
+            job = self.jobs.pop(job_id, None)
             self.cancelling.discard(job_id)
             path = events_path(self.data_dir, job_id)
             if terminal is not None and job_state(read_events(path)).get("state") not in TERMINAL_STATES:
@@ -251,6 +254,25 @@ class EngineService:
                 with contextlib.suppress(LogEnded):  # the driver wrote its own end meanwhile
                     log.append("state", terminal, durable=True)
                 log.close()
+            if job is not None:
+                self._release(job_id, job[0])
+
+    def _release(self, job_id: str, spec: JobSpec) -> None:
+        """An ended job's calls, estimates and states leave the scheduler, the groups and the
+        StateManager (else every job ever run would keep its state there). Best effort: a group or
+        scheduler that died meanwhile holds nothing of it any more."""
+        from engine.scheduler.service import scheduler_service
+
+        try:
+            scheduler = scheduler_service()
+            ray.get(scheduler.abandon.remote(job_id))
+            with contextlib.suppress(ValueError):  # a cancelled job's call still running: kept
+                ray.get(scheduler.forget.remote(job_id))
+            for key in self._group_keys(spec):
+                if key in self.groups:
+                    self.groups[key].drop_job(job_id)
+        except Exception as exc:
+            _log.warning("engine: releasing %s: %s", job_id, fault_reason(exc))
 
     def _watch(self) -> None:
         """Notice drivers that end: success and failure are logged by the driver itself; a driver that

@@ -100,6 +100,10 @@ class WorkerRank:
         self.lru.pop(tuple(deployment), None)
         self.backend.drop(tuple(deployment))
 
+    def deployments(self) -> list[tuple[str, str]]:
+        """Every deployment this rank holds, on its device or swapped out."""
+        return [tuple(d) for d in self.lru]
+
     def drop_job(self, job: str) -> int:
         """Release every deployment of ``job`` here (its driver is being replaced); returns how many."""
         mine = [d for d in self.lru if d[0] == job]

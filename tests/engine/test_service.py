@@ -196,3 +196,14 @@ def test_a_finished_job_leaves_the_profile_its_shape_is_estimated_from(engine, p
     assert {c["fn"] for c in same_shape["calls"]} >= {"create", "generate", "forward_backward", "sync_weights"}
     other = engine.estimate(dataclasses.replace(SPEC, grpo=dataclasses.replace(SPEC.grpo, prompts_per_step=16)))
     assert other["basis"] == "model"
+
+
+def test_an_ended_job_leaves_nothing_on_the_shared_groups(engine, plain_run):
+    import ray
+
+    ranks = [ray.get_actor(f"wpg:{group}:0", namespace="plexrl") for group in ("torch-train", "torch-rollout")]
+    deadline = time.monotonic() + 30
+    while held := [d for rank in ranks for d in ray.get(rank.deployments.remote()) if d[0] == "svc-plain"]:
+        assert time.monotonic() < deadline, f"still held after the job ended: {held}"
+        time.sleep(0.2)
+    assert "svc-plain" not in {key.split("/")[0] for key in engine.cluster_snapshot()["scheduler"]["estimates"]}
