@@ -189,10 +189,7 @@ class EngineService:
         scheduler had left before (None: no limit)."""
         from engine.scheduler.service import scheduler_service
 
-        scheduler = scheduler_service()
-        before = ray.get(scheduler.budget_left.remote(tenant))
-        ray.get(scheduler.set_budget.remote(tenant, device_seconds))
-        return before
+        return ray.get(scheduler_service().set_budget.remote(tenant, device_seconds))
 
     def budget_left(self, tenant: str) -> float | None:
         from engine.scheduler.service import scheduler_service

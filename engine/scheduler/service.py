@@ -240,10 +240,13 @@ class SchedulerService:
     def set_weight(self, tenant: str, weight: float) -> None:
         self.core.set_weight(tenant, weight)
 
-    def set_budget(self, tenant: str, device_seconds: float | None) -> None:
-        """The tenant's device-seconds left (None: no limit); a raised one lets its calls start."""
+    def set_budget(self, tenant: str, device_seconds: float | None) -> float | None:
+        """The tenant's device-seconds left (None: no limit); a raised one lets its calls start.
+        Returns what was left before (None: no limit), read and replaced in one step."""
+        before = self.core.budget_left(tenant)
         self.core.set_budget(tenant, device_seconds)
         self._pump()
+        return before
 
     def budget_left(self, tenant: str) -> float | None:
         return self.core.budget_left(tenant)
