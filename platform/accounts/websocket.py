@@ -35,16 +35,17 @@ from __future__ import annotations
 import logging
 from types import SimpleNamespace
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlparse
 
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.middleware import BaseMiddleware
-from channels.security.websocket import OriginValidator
+from channels.security.websocket import OriginValidator, WebsocketDenier
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth.models import AnonymousUser
+from django.contrib.sessions.backends.base import VALID_KEY_CHARS
 from django.core import signing
 from django.db import transaction
 from django.http.cookie import parse_cookie
@@ -110,7 +111,9 @@ def _session_user(cookie_header: str | None) -> tuple[User | AnonymousUser, Any]
     """The user of the request's Django session cookie (its auth hash verified, like a request's
     ``request.user``) and the session, or ``AnonymousUser``."""
     session_key = parse_cookie(cookie_header or "").get(settings.SESSION_COOKIE_NAME)
-    if not session_key:
+    # Django issues keys of VALID_KEY_CHARS only, so another is nobody's session; not looked up, as
+    # a NUL byte in one would make PostgreSQL raise
+    if not session_key or not set(session_key) <= set(VALID_KEY_CHARS):
         return AnonymousUser(), None
     session = import_string(f"{settings.SESSION_ENGINE}.SessionStore")(session_key)
     # django.contrib.auth.get_user reads only request.session: the same checks as an HTTP request
@@ -169,6 +172,17 @@ class BrowserOriginValidator(OriginValidator):
         if settings.DEBUG and not allowed_hosts:
             allowed_hosts = ["localhost", "127.0.0.1", "[::1]"]
         super().__init__(application, allowed_hosts)
+
+    async def __call__(self, scope, receive, send):
+        """An ``Origin`` that is no URL (``http://[``: ``urlparse`` raises) is refused like a foreign
+        one, where channels' validator would raise."""
+        for name, value in scope.get("headers", ()):
+            if name == b"origin":
+                try:
+                    urlparse(value.decode("latin1"))
+                except ValueError:
+                    return await WebsocketDenier()(scope, receive, send)
+        return await super().__call__(scope, receive, send)
 
     def valid_origin(self, parsed_origin) -> bool:
         return parsed_origin is None or self.validate_origin(parsed_origin)

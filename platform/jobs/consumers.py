@@ -14,8 +14,16 @@ Both follow the same protocol (message shapes in ``jobs.broadcast``):
    then arrives exactly once on a connection. Only the replay's duplicates are dropped, not every
    seq below the highest sent: two processes' commits may reach the group out of order, and a late
    point is still new to the client.
+5. Clients only listen. A client's JSON text frame is ignored (a keepalive, or a newer client's
+   message, does no harm); any other frame is a broken client and closes the socket: 4413 when it
+   is longer than ``MAX_CLIENT_FRAME`` (checked before it is parsed), 4400 when it is binary, empty
+   or not JSON.
 
 A client that reconnects passes the highest seq it received as ``?last_seq=`` and gets the rest.
+
+A socket is closed once, and nothing is sent or read after its close: live pushes and frames that
+arrive before the client's disconnect are dropped. A path of no route is closed with 4404, like a
+missing job (``NoRouteConsumer``).
 
 A connection whose credentials end is closed with 4401 at once: its token revoked or expired, its
 user removed from the organization (``accounts.websocket``: the consumer joins the connection's
@@ -26,6 +34,7 @@ timer for the token's expiry).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 from urllib.parse import parse_qs
@@ -42,6 +51,12 @@ CLOSE_BAD_REQUEST = 4400
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_NOT_FOUND = 4404
+CLOSE_TOO_LARGE = 4413
+
+# The longest frame a client may send (characters of a text frame, bytes of a binary one). Clients
+# have nothing to say (step 5), so this is only a bound on what a broken or hostile one makes the
+# server parse; the ASGI server's own, larger limit (daphne: 1 MiB) applies first.
+MAX_CLIENT_FRAME = 4096
 
 REPLAY_PAGE = 1000  # job rows read per query during a replay
 # The cluster replay on connect: the calls that ended in the last CLUSTER_REPLAY_WINDOW_S, at
@@ -50,7 +65,56 @@ CLUSTER_REPLAY_WINDOW_S = 600
 CLUSTER_REPLAY_MAX = 5000
 
 
-class _ReplayingConsumer(AsyncJsonWebsocketConsumer):
+class _ListeningConsumer(AsyncJsonWebsocketConsumer):
+    """A socket the server talks on and the client only listens to (step 5), closed once."""
+
+    closed = False
+
+    async def refuse(self, code: int) -> None:
+        await self.accept()
+        await self.close(code=code)
+
+    async def close(self, code: int | None = None, reason: str | None = None) -> None:
+        """Close once: a revocation racing the expiry timer, or a bad frame after a refusal, does not
+        send a second close."""
+        if not self.closed:
+            self.closed = True
+            await super().close(code=code, reason=reason)
+
+    async def send_json(self, content: Any, close: bool = False) -> None:
+        """Nothing after the close: the consumer stays in its groups until the client's disconnect
+        arrives, and a live push in between would follow the close frame."""
+        if not self.closed:
+            await super().send_json(content, close=close)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs) -> None:
+        """A client's frame: ignored when it is JSON text, else the socket closes (step 5). Replaces
+        the JSON consumer's decoding, which raises on anything but JSON text."""
+        if self.closed:
+            return
+        frame = text_data if text_data is not None else bytes_data or b""
+        if len(frame) > MAX_CLIENT_FRAME:
+            return await self.close(code=CLOSE_TOO_LARGE)
+        if not isinstance(frame, str):
+            return await self.close(code=CLOSE_BAD_REQUEST)
+        try:
+            json.loads(frame)
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+            return await self.close(code=CLOSE_BAD_REQUEST)
+
+
+class NoRouteConsumer(_ListeningConsumer):
+    """Any path of no websocket route (``config.routing``'s last): accepted and closed with 4404,
+    like a missing job, where the router would raise (an error in the server's log, and a failed
+    handshake) for every mistyped or probing URL."""
+
+    channel_layer_alias = None  # an unconfigured alias: no channel, as it joins no group
+
+    async def connect(self) -> None:
+        await self.refuse(CLOSE_NOT_FOUND)
+
+
+class _ReplayingConsumer(_ListeningConsumer):
     """Connect-time checks and the replay/live handover shared by the two sockets."""
 
     group: str | None = None
@@ -68,10 +132,6 @@ class _ReplayingConsumer(AsyncJsonWebsocketConsumer):
         except ValueError:
             return None
         return value if 0 <= value < 2**63 else None
-
-    async def refuse(self, code: int) -> None:
-        await self.accept()
-        await self.close(code=code)
 
     async def join(self, group: str) -> bool:
         """Join ``group`` and the connection's credential groups, then accept; False (the socket
@@ -103,9 +163,6 @@ class _ReplayingConsumer(AsyncJsonWebsocketConsumer):
         for name in (self.group, *self.credential_groups):
             if name is not None:
                 await self.channel_layer.group_discard(name, self.channel_name)
-
-    async def receive_json(self, content: Any, **kwargs) -> None:
-        """Clients only listen; anything they send is ignored."""
 
 
 class JobConsumer(_ReplayingConsumer):

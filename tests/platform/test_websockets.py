@@ -13,6 +13,7 @@ import copy
 import uuid
 from datetime import timedelta
 from http.cookies import SimpleCookie
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,7 +28,8 @@ from accounts import services as accounts_services
 from accounts import websocket
 from accounts.models import ApiToken
 from config.asgi import application
-from jobs import services
+from jobs import consumers, services
+from jobs.consumers import MAX_CLIENT_FRAME
 from jobs.models import Job, JobState
 from tests.platform.factories import UserFactory
 from tests.platform.test_jobs_services import metrics, state, usage
@@ -480,3 +482,93 @@ async def test_the_cluster_socket_is_for_members_and_staff(tenant):
     assert await closed_with("/ws/cluster/", cookie, ORIGIN) == 4403
     assert await closed_with("/ws/cluster/?last_seq=x",
                              await database_sync_to_async(bearer)(tenant.viewer, tenant.organization)) == 4400
+
+
+# --- hostile clients (found by test_ws_isolation_fuzz) ---------------------------------------------
+
+
+async def _open_job_socket(tenant) -> tuple[Job, WebsocketCommunicator]:
+    job = await database_sync_to_async(make_job)(tenant)
+    communicator = await connect(f"/ws/jobs/{job.pk}/", await database_sync_to_async(bearer)(tenant.member,
+                                                                                              tenant.organization))
+    assert (await communicator.receive_json_from(timeout=3))["type"] == "job"
+    return job, communicator
+
+
+@pytest.mark.asyncio
+async def test_a_path_of_no_route_is_closed_with_4404(tenant):
+    """The router raised on these (an error in the server's log and a failed handshake)."""
+    job = await database_sync_to_async(make_job)(tenant)
+    header = await database_sync_to_async(bearer)(tenant.member, tenant.organization)
+    for path in ("/ws/nothing/", "/ws/jobs/abc/", f"/ws/jobs/{job.pk}", f"/ws/jobs/{job.pk}/../../cluster/", "/"):
+        assert await closed_with(path, header) == 4404, path
+        assert await closed_with(path) == 4404, path
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("frame", [
+    {"bytes": b"\x00\x01"}, {"bytes": b""}, {"text": ""}, {"text": "not json"}, {"text": '{"type": "subscribe"'},
+    {"text": "[" * 2000 + "]" * 2000},  # JSON nested deeper than the parser goes
+], ids=["binary", "empty binary", "empty text", "not JSON", "truncated JSON", "nested too deep"])
+async def test_a_frame_that_is_not_json_text_closes_the_socket_with_4400(tenant, frame):
+    """The JSON consumer raised on each of these: the consumer crashed instead of closing."""
+    _, communicator = await _open_job_socket(tenant)
+    await communicator.send_input({"type": "websocket.receive", **frame})
+    assert await closes_with(communicator) == 4400
+    await communicator.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_a_frame_longer_than_the_bound_closes_the_socket_with_4413_unparsed(tenant, monkeypatch):
+    _, communicator = await _open_job_socket(tenant)
+    monkeypatch.setattr(consumers, "json", SimpleNamespace(loads=pytest.fail))  # not parsed
+    await communicator.send_input({"type": "websocket.receive", "text": "[" + "1," * MAX_CLIENT_FRAME + "1]"})
+    assert await closes_with(communicator) == 4413
+    await communicator.disconnect()
+    _, communicator = await _open_job_socket(tenant)
+    await communicator.send_input({"type": "websocket.receive", "bytes": b"\x00" * (MAX_CLIENT_FRAME + 1)})
+    assert await closes_with(communicator) == 4413
+    await communicator.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_a_json_frame_is_ignored_and_the_socket_keeps_serving(tenant, other_tenant):
+    job, communicator = await _open_job_socket(tenant)
+    theirs = await database_sync_to_async(make_job)(other_tenant, "secret")
+    for content in ({"type": "subscribe", "job": theirs.pk}, {"type": "credentials.ended"}, [1, "x"], None):
+        await communicator.send_json_to(content)
+    assert await communicator.receive_nothing(QUIET)
+    await database_sync_to_async(ingest)(job, [metrics(1, 1)])
+    assert [(m["type"], m["seq"]) for m in await receive(communicator, 1)] == [("metrics", 1)]
+    await communicator.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_nothing_is_sent_after_a_close(tenant):
+    """The consumer stays in its job's group until the client's disconnect arrives: live points in
+    between were sent after the close frame, and a second bad frame sent a second close."""
+    job, communicator = await _open_job_socket(tenant)
+    await communicator.send_input({"type": "websocket.receive", "text": "not json"})
+    assert await communicator.receive_output(timeout=3) == {"type": "websocket.close", "code": 4400}
+    await database_sync_to_async(ingest)(job, [metrics(1, 1)])
+    await communicator.send_input({"type": "websocket.receive", "bytes": b"x"})
+    assert await communicator.receive_nothing(QUIET)
+    await communicator.disconnect()
+
+
+@pytest.mark.asyncio
+async def test_an_origin_that_is_no_url_is_refused_at_the_handshake(tenant):
+    """channels' origin check raised on these (``urlparse``: invalid IPv6 URL)."""
+    job = await database_sync_to_async(make_job)(tenant)
+    header = await database_sync_to_async(bearer)(tenant.member, tenant.organization)
+    for origin in (b"http://[", b"//[::1", b"http://]"):
+        assert await closed_with(f"/ws/jobs/{job.pk}/", header, (b"origin", origin)) is None, origin
+
+
+@pytest.mark.asyncio
+async def test_a_session_cookie_of_no_session_key_is_unauthenticated(tenant):
+    """A NUL byte in the session id made PostgreSQL raise in the session lookup."""
+    job = await database_sync_to_async(make_job)(tenant)
+    for key in (b"abcdefgh\x00ijklmnop", b"\x00" * 32, b"ABCDEFGHIJKLMNOPQRSTUVWXYZ012345", b"\xff" * 32):
+        cookie = (b"cookie", django_settings.SESSION_COOKIE_NAME.encode() + b"=" + key)
+        assert await closed_with(f"/ws/jobs/{job.pk}/", cookie, ORIGIN) == 4401, key
