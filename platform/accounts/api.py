@@ -96,7 +96,10 @@ def token_membership(*, user: User, token: ApiToken) -> Membership:
     """The membership a bearer token acts as: its user's, in the token's organization. Raises
     ``AuthenticationFailed`` when the user is no longer a member there. Shared by the REST API
     (``resolve_organization``) and the websockets (``accounts.websocket``)."""
-    membership = selectors.membership_of(user=user, organization=token.organization_id)
+    if hasattr(token, "membership"):  # read with the token (``selectors.token_by_digest``)
+        membership = token.membership
+    else:
+        membership = selectors.membership_of(user=user, organization=token.organization_id)
     if membership is None:
         raise exceptions.AuthenticationFailed("This token's user is no longer a member of its organization.")
     return membership

@@ -11,6 +11,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from accounts import selectors
 from accounts.models import ApiToken, User, token_digest
 
 # last_used_at is refreshed at most this often, so a busy client does not write on every request.
@@ -22,7 +23,8 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
     ``ApiToken``. Revoked or expired tokens and inactive users get 401 with a message saying which.
 
     The token is found by its SHA-256 digest (a unique index), so the secret is never compared
-    character by character and its timing reveals nothing.
+    character by character and its timing reveals nothing; the same query loads its user's
+    membership (``selectors.token_by_digest``).
     """
 
     keyword = "Bearer"
@@ -40,9 +42,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         return self.authenticate_token(plaintext)
 
     def authenticate_token(self, plaintext: str) -> tuple[User, ApiToken]:
-        token = (
-            ApiToken.objects.select_related("user", "organization").filter(digest=token_digest(plaintext)).first()
-        )
+        token = selectors.token_by_digest(digest=token_digest(plaintext))
         if token is None:
             raise exceptions.AuthenticationFailed("Invalid token.")
         now = timezone.now()

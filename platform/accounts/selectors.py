@@ -14,6 +14,31 @@ def organizations_of(*, user: User) -> QuerySet[Organization]:
     return Organization.objects.filter(memberships__user=user).annotate(role=Subquery(role)).order_by("id")
 
 
+def token_by_digest(*, digest: str) -> ApiToken | None:
+    """The token with this digest, with its user, its organization and, as ``token.membership``,
+    its user's membership there (None if they are no longer a member), all in one query; None if
+    no token has it. The one read that cannot start from the tenant: it is how a request finds its
+    tenant (``accounts.authentication``). Every API request by token makes it, so the membership
+    comes along instead of costing a query of its own (``accounts.api.token_membership``)."""
+    member = Membership.objects.filter(user=OuterRef("user_id"), organization=OuterRef("organization_id"))
+    token = (
+        ApiToken.objects.select_related("user", "organization")
+        .filter(digest=digest)
+        .annotate(
+            membership_pk=Subquery(member.values("pk")[:1]),
+            membership_role=Subquery(member.values("role")[:1]),
+            membership_created_at=Subquery(member.values("created_at")[:1]),
+        )
+        .first()
+    )
+    if token is not None:
+        token.membership = None if token.membership_pk is None else Membership(
+            pk=token.membership_pk, user=token.user, organization=token.organization,
+            role=token.membership_role, created_at=token.membership_created_at,
+        )
+    return token
+
+
 def membership_of(*, user: User, organization: Organization | int) -> Membership | None:
     """``user``'s membership of ``organization`` (an instance or an id), with the organization
     loaded, or None."""

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from celery import Celery
+from celery.signals import worker_process_init
 
 try:
     import plexrl
@@ -23,3 +24,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 app = Celery("plexrl")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_process_init.connect
+def _own_connection_pools(**kwargs) -> None:
+    """A prefork worker's child starts with its own database connection pools: a pool the parent
+    opened before the fork holds sockets the two processes would otherwise share."""
+    from django.db import connections
+
+    for connection in connections.all(initialized_only=True):
+        close_pool = getattr(connection, "close_pool", None)  # PostgreSQL's backend only
+        if close_pool is not None:
+            close_pool()  # without a pool (or an unopened one) nothing to close

@@ -9,6 +9,7 @@ switches parts to production services. Variables:
 - ``DJANGO_DEBUG``: ``true``/``false`` (default: true in development, false in production).
 - ``DJANGO_ALLOWED_HOSTS``: comma-separated (default: localhost names in development).
 - ``DATABASE_URL``: e.g. ``postgres://user@host:5432/db``; unset means SQLite.
+- ``DATABASE_POOL_SIZE``: most PostgreSQL connections each process keeps open (default 10).
 - ``REDIS_URL``, ``RAY_ADDRESS``: read here for the channel layer, Celery and the engine client.
 - ``EMAIL_BACKEND``: Django's e-mail backend (default: the console, which prints password-reset
   mails); ``DEFAULT_FROM_EMAIL``: their sender (default ``plexrl@localhost``).
@@ -96,6 +97,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # last and synchronous only, so the whole stack runs in one thread under ASGI (config.security)
     "config.security.SecurityHeadersMiddleware",
 ]
 
@@ -142,8 +144,20 @@ TEMPLATES = [
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
-    # conn_max_age=0: the web tier is ASGI, where Django advises against persistent connections.
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    # conn_max_age=0: the web tier is ASGI, where Django advises against persistent connections
+    # (each request runs in a thread of its own, so a thread's connection would leak).
+    # conn_health_checks: a pooled connection is checked as it is taken, so one broken by a
+    # PostgreSQL restart is replaced instead of failing the request that got it.
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)}
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # Instead, a per-process pool (psycopg_pool): closing a connection returns it. Opening one
+        # costs several ms of the server's CPU a request, and under load one connection per request
+        # in flight ran PostgreSQL out of connections (500s); a request beyond the pool waits for one.
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 2,
+            "max_size": int(os.environ.get("DATABASE_POOL_SIZE", "10")),
+            "timeout": 30,
+        }
 else:
     # SQLite does not create missing folders; a fresh machine has no data directory yet.
     PLEXRL_HOME.mkdir(parents=True, exist_ok=True)

@@ -3,8 +3,9 @@
     .venv/bin/python tests/bench/rest_latency.py [--clients 20] [--seconds 20] [--jobs 200] [--json]
 
 Sets up a PostgreSQL database of its own (``plexrl_bench_rest``, dropped and recreated), one
-organization with ``--jobs`` jobs (each with 20 steps of metrics), a token, starts
-``daphne config.asgi:application`` on a free port, and runs ``--clients`` threads that alternate
+organization with ``--jobs`` jobs (each with 20 steps of metrics, events and usage), a token,
+starts the production web server on a free port (``rest_setup``), and runs ``--clients`` threads
+that alternate
 ``GET /api/v1/jobs/`` and ``GET /api/v1/jobs/<id>/`` for ``--seconds``. Prints p50 / p99 per
 endpoint and requests per second. A benchmark: it asserts nothing.
 """
@@ -13,54 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from rest_setup import WEB_SERVER, bench_env, create_database, web_server
+
 DB = "plexrl_bench_rest"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _setup(env: dict[str, str], jobs: int) -> tuple[str, list[int]]:
-    """Create the database, migrate, and fill it; returns (token, job ids)."""
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-q", "-c", f"DROP DATABASE IF EXISTS {DB}",
-                    "-c", f"CREATE DATABASE {DB}"], check=True, capture_output=True)
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=REPO, env=env, check=True)
-    script = f"""
-import json
-from accounts.services import organization_create, token_create
-from accounts.models import User
-from jobs.models import Job, JobMetric
-from engine.spec import JobSpec
-user = User.objects.create_user("bench", password="bench-pass-1234")
-org = organization_create(name="Bench", owner=user)
-_, token = token_create(user=user, organization=org, name="bench")
-spec = JobSpec(task="arith", model="tiny-arith", steps=20, rollout="torch", trainer="torch").to_dict()
-ids = []
-for i in range({jobs}):
-    job = Job.objects.create(organization=org, created_by=user, name=f"job {{i}}", spec=spec, state="running")
-    JobMetric.objects.bulk_create([JobMetric(job=job, step=s, seq=s, data={{"step": s, "reward_mean": 0.5}})
-                                   for s in range(1, 21)])
-    ids.append(job.pk)
-print(json.dumps({{"token": token, "ids": ids}}))
-"""
-    out = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=REPO, env=env, check=True,
-                         capture_output=True, text=True)
-    data = json.loads(out.stdout.strip().splitlines()[-1])
-    return data["token"], data["ids"]
 
 
 def main() -> int:
@@ -70,22 +33,12 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    env = {**os.environ, "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB}", "PLEXRL_ENV": "development",
-           "DJANGO_DEBUG": "false", "PYTHONPATH": str(REPO)}
-    token, ids = _setup(env, args.jobs)
-    port = _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                               "config.asgi:application"], cwd=REPO / "platform", env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}/api/v1"
+    env = bench_env(DB)
+    fixture = create_database(DB, env, jobs=args.jobs)
+    token, ids = fixture.token, fixture.job_ids
     headers = {"Authorization": f"Bearer {token}"}
-    try:
-        for _ in range(100):  # wait for the server
-            try:
-                urllib.request.urlopen(urllib.request.Request(f"{base}/jobs/", headers=headers), timeout=2)  # noqa: S310 - http://127.0.0.1 only
-                break
-            except OSError:
-                time.sleep(0.2)
+    with web_server(env) as server:
+        base = f"{server.url}/api/v1"
         latencies: dict[str, list[float]] = {"list": [], "detail": []}
         errors = [0]
         lock = threading.Lock()
@@ -117,9 +70,6 @@ def main() -> int:
         for t in threads:
             t.join()
         wall = time.monotonic() - started
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
     def pct(xs: list[float], q: float) -> float:
         return 1000 * statistics.quantiles(xs, n=100)[q - 1] if len(xs) >= 2 else float("nan")
@@ -129,7 +79,7 @@ def main() -> int:
         **{kind: {"requests": len(xs), "p50_ms": round(pct(xs, 50), 1), "p99_ms": round(pct(xs, 99), 1)}
            for kind, xs in latencies.items()},
         "requests_per_s": round(sum(len(x) for x in latencies.values()) / wall, 1),
-        "server": "daphne (one process), DEBUG off, PostgreSQL",
+        "server": f"{WEB_SERVER}, DEBUG off, PostgreSQL",
     }
     if args.json:
         print(json.dumps(result, indent=2))

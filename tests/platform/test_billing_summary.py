@@ -12,6 +12,8 @@ import io
 
 import pytest
 from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from billing import selectors, tasks
 from billing.models import CapacitySample
@@ -100,6 +102,16 @@ def test_summary_counts_this_organizations_month_only(tenant, token_client, marc
     assert set(a) == {"job", "name", "device_hours", "calls"}
     assert (a["device_hours"], a["calls"]) == (pytest.approx(1.5 + 360 / HOUR), 2)
     assert "theirs" not in response.content.decode()
+
+
+def test_summary_sums_in_the_database(tenant, march):
+    """One query, grouped by job: the month's ledger rows never travel to the web process (the
+    summary took ~50 ms for 8000 rows when they did)."""
+    with CaptureQueriesContext(connection) as queries:
+        summary = selectors.monthly_summary(organization=tenant.organization, month=MARCH)
+    assert summary["calls"] == 3
+    assert len(queries) == 1
+    assert "GROUP BY" in queries[0]["sql"]
 
 
 def test_summary_of_the_other_tenant(other_tenant, token_client, march):

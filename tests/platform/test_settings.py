@@ -58,3 +58,54 @@ def test_invalid_values_fail_loudly(manage, env, message):
     result = manage("check", env=env)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+# Run by manage.py shell: the PostgreSQL server processes that served six connections in a row,
+# each closed as Django closes its connection after a request, and the pool's bound.
+_REOPEN = """
+from django.db import connection
+backends = set()
+for _ in range(6):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backends.add(cursor.fetchone()[0])
+    connection.close()
+print(len(backends), connection.pool.max_size)
+"""
+
+
+def test_postgresql_connections_come_from_a_bounded_pool(manage):
+    """Closing a connection (Django does after every ASGI request) returns it to the process's
+    pool instead of ending it: requests do not pay to connect, and the connections in use stay
+    under ``DATABASE_POOL_SIZE`` however many requests are in flight (one each ran PostgreSQL out
+    of connections at 200 requests/s)."""
+    env = {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres", "DATABASE_POOL_SIZE": "3"}
+    result = manage("shell", "-c", _REOPEN, env=env)
+    assert result.returncode == 0, result.stderr
+    backends, bound = map(int, result.stdout.strip().splitlines()[-1].split())
+    assert bound == 3
+    assert backends <= 3  # without the pool, six connections: six server processes
+
+
+# Run by manage.py shell: a pool used by the parent, then the hook a prefork child runs first; the
+# child's next connection must come from a pool of its own.
+_FORKED = """
+from django.db import connection
+from config.celery import _own_connection_pools
+with connection.cursor() as cursor:
+    cursor.execute("SELECT 1")
+connection.close()
+inherited = connection.pool
+_own_connection_pools()
+with connection.cursor() as cursor:
+    cursor.execute("SELECT 1")
+print(inherited.closed, connection.pool is not inherited, connection.settings_dict["CONN_HEALTH_CHECKS"])
+"""
+
+
+def test_a_celery_child_process_opens_a_pool_of_its_own_and_pooled_connections_are_checked(manage):
+    env = {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres"}
+    result = manage("shell", "-c", _FORKED, env=env)
+    assert result.returncode == 0, result.stderr
+    # checked as taken: one a PostgreSQL restart broke is replaced, not handed to a request
+    assert result.stdout.split()[-3:] == ["True", "True", "True"]
