@@ -79,13 +79,19 @@ def quota_of(*, organization: Organization) -> Quota:
 
 def quota_usage(*, organization: Organization) -> dict[str, object]:
     """What the organization uses against its quota: device-hours billed this calendar month (the
-    usage ledger) and its active jobs (queued, profiling, running or paused)."""
+    usage ledger), its active jobs (queued, profiling, running or paused), and how far the month's
+    use went past its device-hour budget (``over_budget_device_hours``: 0 within it, None without
+    one). The engine starts no call past the budget, so the overrun is the calls running as it ran
+    out: at most one call a job, plus the usage of the last event pull."""
     from django.utils import timezone
 
     from billing.selectors import device_hours_in_month  # the apps above accounts, imported late
     from jobs.selectors import active_jobs_count
 
-    return {"device_hours_this_month": round(device_hours_in_month(organization=organization, when=timezone.now()), 6),
+    used = round(device_hours_in_month(organization=organization, when=timezone.now()), 6)
+    budget = quota_of(organization=organization).device_hours_per_month
+    return {"device_hours_this_month": used,
+            "over_budget_device_hours": None if budget is None else max(0.0, round(used - float(budget), 6)),
             "concurrent_jobs": active_jobs_count(organization=organization)}
 
 

@@ -187,6 +187,9 @@ class QuotaUsageSerializer(serializers.Serializer):
     """Use against the quota; null until the billing and jobs apps measure it."""
 
     device_hours_this_month = serializers.DecimalField(read_only=True, **_HOURS)
+    over_budget_device_hours = serializers.DecimalField(
+        read_only=True, help_text="This month's use past device_hours_per_month (null: no budget).",
+        **_HOURS)
     concurrent_jobs = serializers.IntegerField(read_only=True, allow_null=True)
 
 

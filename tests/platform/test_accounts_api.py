@@ -317,7 +317,7 @@ def test_quota_is_readable_by_viewers_and_shows_only_this_tenant(tenant, other_t
     body = response.json()
     assert body["organization"] == tenant.organization.pk
     assert (body["max_devices_per_job"], body["device_hours_per_month"], body["max_concurrent_jobs"]) == (8, None, None)
-    assert body["usage"] == {"device_hours_this_month": 0.0, "concurrent_jobs": 0}
+    assert body["usage"] == {"device_hours_this_month": 0.0, "over_budget_device_hours": None, "concurrent_jobs": 0}
 
 
 def test_admins_set_the_quota(tenant, token_client):

@@ -39,7 +39,7 @@ def test_quota_of_and_usage_stay_in_their_organization(tenant, other_tenant):
     assert selectors.quota_of(organization=tenant.organization).max_concurrent_jobs is None
     assert selectors.quota_of(organization=other_tenant.organization).max_concurrent_jobs == 1
     usage = selectors.quota_usage(organization=tenant.organization)
-    assert set(usage) == {"device_hours_this_month", "concurrent_jobs"}
+    assert set(usage) == {"device_hours_this_month", "over_budget_device_hours", "concurrent_jobs"}
 
 
 def test_organizations_of_lists_the_users_organizations_with_roles(tenant, other_tenant):

@@ -179,6 +179,20 @@ def test_quota_usage_counts_active_jobs_and_this_months_device_hours(org, mid_mo
     now = mid_month
     services.ingest_events(job=job, events=[usage(1, 1, now - 1800, now, devices=2.0)])  # 1 device-hour
     services.ingest_events(job=job, events=[usage(2, 2, 0.0, 3600.0, devices=1.0)])  # 1970: another month
-    assert quota_usage(organization=organization) == {"device_hours_this_month": 1.0, "concurrent_jobs": 1}
+    assert quota_usage(organization=organization) == {"device_hours_this_month": 1.0, "over_budget_device_hours": None,
+                                                      "concurrent_jobs": 1}
     services.job_cancel(job=job, actor=owner)
     assert quota_usage(organization=organization)["concurrent_jobs"] == 0
+
+
+def test_quota_usage_reports_the_overrun_past_the_budget(org, mid_month):
+    from accounts.selectors import quota_usage
+
+    organization, owner = org
+    job = services.job_create(organization=organization, user=owner, spec=SPEC)
+    Quota.objects.update_or_create(organization=organization, defaults={"device_hours_per_month": 2.5})
+    services.ingest_events(job=job, events=[usage(1, 1, mid_month - 3600, mid_month, devices=2.0)])  # 2 hours
+    assert quota_usage(organization=organization)["over_budget_device_hours"] == 0.0  # within it
+    # the call running as the budget ran out ends: one device-hour, half of it past the budget
+    services.ingest_events(job=job, events=[usage(2, 2, mid_month - 1800, mid_month, devices=2.0)])
+    assert quota_usage(organization=organization)["over_budget_device_hours"] == 0.5
