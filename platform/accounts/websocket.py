@@ -45,7 +45,6 @@ from channels.security.websocket import OriginValidator, WebsocketDenier
 from django.conf import settings
 from django.contrib import auth
 from django.contrib.auth.models import AnonymousUser
-from django.contrib.sessions.backends.base import VALID_KEY_CHARS
 from django.core import signing
 from django.db import transaction
 from django.http.cookie import parse_cookie
@@ -111,9 +110,7 @@ def _session_user(cookie_header: str | None) -> tuple[User | AnonymousUser, Any]
     """The user of the request's Django session cookie (its auth hash verified, like a request's
     ``request.user``) and the session, or ``AnonymousUser``."""
     session_key = parse_cookie(cookie_header or "").get(settings.SESSION_COOKIE_NAME)
-    # Django issues keys of VALID_KEY_CHARS only, so another is nobody's session; not looked up, as
-    # a NUL byte in one would make PostgreSQL raise
-    if not session_key or not set(session_key) <= set(VALID_KEY_CHARS):
+    if not session_key:  # (the session engine, config.sessions, refuses a key Django never issues)
         return AnonymousUser(), None
     session = import_string(f"{settings.SESSION_ENGINE}.SessionStore")(session_key)
     # django.contrib.auth.get_user reads only request.session: the same checks as an HTTP request

@@ -251,6 +251,7 @@ LOGIN_REDIRECT_URL = "pages:jobs"
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "plexrl@localhost")
 
+SESSION_ENGINE = "config.sessions"  # database sessions; a key of characters Django never issues is none
 SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
 

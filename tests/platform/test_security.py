@@ -94,3 +94,15 @@ def test_an_oversized_body_answers_413_with_the_limit(tenant, token_client, sett
     assert response.status_code == 413
     assert response.json() == {"detail": "The request body is too large: at most 10000 bytes."}
     assert client.get("/api/v1/jobs/").json()["count"] == 0  # nothing created
+
+
+@pytest.mark.parametrize("key", ["abcdefgh\x00ijklmnop", "\x00" * 32, "ABCDEFGHIJKLMNOPQRSTUVWXYZ012345"])
+def test_a_session_cookie_of_no_session_key_is_anonymous_not_an_error(client, key):
+    """A NUL byte in the session id made PostgreSQL refuse the session lookup: a 500 on every page."""
+    from django.conf import settings
+
+    cookie = f"{settings.SESSION_COOKIE_NAME}={key}"
+    assert client.get("/api/v1/jobs/", HTTP_COOKIE=cookie).status_code in (401, 403)
+    response = client.get("/jobs/", HTTP_COOKIE=cookie)
+    assert response.status_code == 302  # to sign in, as anybody without a session
+    assert "login" in response["Location"]
