@@ -81,7 +81,9 @@ def test_a_celery_worker_killed_mid_launch_loses_no_job(production, tmp_path):
     # always lands before the engine hears of the job (with the real address, a kill just after
     # the engine call went out lets the engine finish the submit alone: no launch is lost then).
     first = live.celery_worker(production | {"RAY_ADDRESS": "127.0.0.1:1"}, tmp_path / "a")
-    wait_for_log(first, "jobs.tasks.launch_job", timeout=120)  # received: the task has started
+    # received: the task has started ("Task jobs.tasks.launch_job[<id>] received"; the bare task name
+    # is also in the start-up banner, printed before the worker takes any task)
+    wait_for_log(first, "jobs.tasks.launch_job[", timeout=120)
     first.kill_group()  # no cleanup, no acknowledgement, as a lost node
     home = Path(production["PLEXRL_HOME"])
     assert not events_path(home, job.engine_id).exists(), "the kill came after the launch reached the engine"
