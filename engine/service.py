@@ -261,15 +261,21 @@ class EngineService:
         from engine.scheduler.service import scheduler_service
 
         try:
-            scheduler = scheduler_service()
-            ray.get(scheduler.abandon.remote(job_id))
+            self._drop_calls_and_states(job_id, spec)
             with contextlib.suppress(ValueError):  # a cancelled job's call still running: kept
-                ray.get(scheduler.forget.remote(job_id))
-            for key in self._group_keys(spec):
-                if key in self.groups:
-                    self.groups[key].drop_job(job_id)
+                ray.get(scheduler_service().forget.remote(job_id))
         except Exception as exc:
             _log.warning("engine: releasing %s: %s", job_id, fault_reason(exc))
+
+    def _drop_calls_and_states(self, job_id: str, spec: JobSpec) -> None:
+        """The job's queued calls leave the scheduler (its running ones finish), then its states
+        leave the groups, once those calls are done (a rank runs its calls in order)."""
+        from engine.scheduler.service import scheduler_service
+
+        ray.get(scheduler_service().abandon.remote(job_id))
+        for key in self._group_keys(spec):
+            if key in self.groups:
+                self.groups[key].drop_job(job_id)
 
     def _watch(self) -> None:
         """Notice drivers that end: success and failure are logged by the driver itself; a driver that
@@ -358,13 +364,8 @@ class EngineService:
 
     def _replace_driver(self, job_id: str, why: str) -> None:
         """Kill the job's driver (if alive), drop its calls and states, start one that resumes."""
-        from engine.scheduler.service import scheduler_service
-
         self._stop_driver(job_id)
-        ray.get(scheduler_service().abandon.remote(job_id))  # the dead driver's queued calls
-        spec, _ = self.jobs[job_id]
-        for key in self._group_keys(spec):  # its states, once its running calls are done
-            self.groups[key].drop_job(job_id)
+        self._drop_calls_and_states(job_id, self.jobs[job_id][0])  # what the dead driver left
         log = EventLog(events_path(self.data_dir, job_id))
         try:
             log.append("recovery", {"message": why, "attempt": self.recoveries[job_id]}, durable=True)
