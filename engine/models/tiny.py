@@ -120,32 +120,36 @@ def lr_at(step: int, total: int, peak: float, warmup_frac: float, decay_frac: fl
     return peak * (total - 1 - step) / (decay - 1)
 
 
-def _sft_example(tokenizer, p: Problem, tool: bool) -> tuple[list[int], list[bool]]:
-    """A problem's tokens and which of them are learned: the answer and EOS, or with ``tool`` the
-    call ``[expression]`` and EOS (the result after it is the environment's, only context)."""
-    from engine.rl.tools import CALL_CLOSE, CALL_OPEN
-
-    prompt = tokenizer.encode(p.prompt)
-    if not tool:
-        answer = [*tokenizer.encode(p.answer), tokenizer.eos_token_id]
-        return prompt + answer, [False] * len(prompt) + [True] * len(answer)
-    call = tokenizer.encode(CALL_OPEN + p.prompt.removesuffix("=") + CALL_CLOSE)
-    result = tokenizer.encode(p.answer)
-    return (prompt + call + result + [tokenizer.eos_token_id],
-            [False] * len(prompt) + [True] * len(call) + [False] * len(result) + [True])
-
-
 def _sft_batch(tokenizer, problems: list[Problem], tools: list[bool] | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    examples = [_sft_example(tokenizer, p, bool(tools and tools[i])) for i, p in enumerate(problems)]
+    """Padded ids, attention mask and labels for supervised examples. Learned are the answer and
+    EOS, or where ``tools[i]`` the call ``[expression]`` and EOS (the result after it is the
+    environment's, only context). A step's texts are encoded in one tokenizer call: one call per
+    text cost a fifth of a preset's build time."""
+    from engine.rl.tools import CALL_CLOSE, CALL_OPEN
+
+    uses_tool = [bool(tools and tools[i]) for i in range(len(problems))]
+    texts = [p.prompt for p in problems] + [p.answer for p in problems]
+    texts += [CALL_OPEN + p.prompt.removesuffix("=") + CALL_CLOSE
+              for p, tool in zip(problems, uses_tool, strict=True) if tool]
+    encoded = tokenizer(texts)["input_ids"]
+    n = len(problems)
+    prompts, answers, calls = encoded[:n], encoded[n:2 * n], iter(encoded[2 * n:])
+    eos = tokenizer.eos_token_id
+    examples: list[tuple[list[int], list[bool]]] = []
+    for prompt, answer, tool in zip(prompts, answers, uses_tool, strict=True):
+        if tool:
+            call = next(calls)
+            examples.append((prompt + call + answer + [eos],
+                             [False] * len(prompt) + [True] * len(call) + [False] * len(answer) + [True]))
+        else:
+            examples.append((prompt + answer + [eos], [False] * len(prompt) + [True] * (len(answer) + 1)))
     width = max(len(s) for s, _ in examples)
-    ids = torch.full((len(examples), width), tokenizer.pad_token_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), -100, dtype=torch.long)
-    attn = torch.zeros((len(examples), width), dtype=torch.long)
-    for i, (s, learned) in enumerate(examples):
-        ids[i, : len(s)] = torch.as_tensor(s)
-        attn[i, : len(s)] = 1
-        labels[i, : len(s)] = torch.where(torch.as_tensor(learned), torch.as_tensor(s), -100)
+    pad = [tokenizer.pad_token_id] * width
+    ids = torch.tensor([s + pad[len(s):] for s, _ in examples], dtype=torch.long)
+    attn = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s, _ in examples], dtype=torch.long)
+    labels = torch.tensor([[t if keep else -100 for t, keep in zip(s, learned, strict=True)] + [-100] * (width - len(s))
+                           for s, learned in examples], dtype=torch.long)
     return ids, attn, labels
 
 
