@@ -16,12 +16,25 @@ from engine.spec import JobSpec
 from engine.workers.group import WorkerGroup
 
 
+def _last_checkpoint(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((e for e in reversed(events) if e["kind"] == "checkpoint"), None)
+
+
 def resume_point(events: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[int, dict[str, Any]]]:
     """Where a job whose driver died goes on: its last checkpoint event's data (None: from the
     start), and the metrics it logged, by step (the steps it replays are not logged again)."""
-    checkpoints = [e["data"] for e in events if e["kind"] == "checkpoint"]
+    checkpoint = _last_checkpoint(events)
     logged = {e["data"]["step"]: e["data"] for e in events if e["kind"] == "metrics"}
-    return (checkpoints[-1] if checkpoints else None), logged
+    return (checkpoint["data"] if checkpoint else None), logged
+
+
+def redone_after(events: list[dict[str, Any]]) -> int:
+    """The seq after which a job's logged work is redone when its driver is replaced now: its last
+    checkpoint event's (0: none, the job starts over). The usage logged after it is work the
+    restart throws away and repeats; billing does not charge it (``redone_after_seq`` of the
+    ``recovery`` event)."""
+    checkpoint = _last_checkpoint(events)
+    return checkpoint["seq"] if checkpoint else 0
 
 
 @ray.remote(num_cpus=0)

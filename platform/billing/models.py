@@ -2,11 +2,21 @@
 
 Rows arrive with the job's event log, keyed by (job, seq) of the ``usage`` event, so the pull can
 run any number of times without counting anything twice.
+
+A row the engine's recovery threw away (``redone``: logged after the checkpoint a replaced driver
+resumed from) stays on the ledger, as device time the cluster spent, but is not billed: the job
+does that work again, and the tenant pays for it once.
 """
 
 from __future__ import annotations
 
 from django.db import models
+
+
+class UsageQuerySet(models.QuerySet):
+    def billed(self) -> UsageQuerySet:
+        """The rows the tenant pays for: all but work a recovery redid."""
+        return self.filter(redone=False)
 
 
 class UsageEntry(models.Model):
@@ -24,6 +34,10 @@ class UsageEntry(models.Model):
     exec_s = models.FloatField(null=True, blank=True)
     queued_s = models.FloatField(default=0.0, help_text="Seconds the call waited for its WPGs.")
     device_seconds = models.FloatField()
+    redone = models.BooleanField(
+        default=False, help_text="Work an engine recovery threw away and the job did again: kept, not billed.")
+
+    objects = UsageQuerySet.as_manager()
 
     class Meta:
         ordering = ("job", "seq")

@@ -7,7 +7,7 @@ import datetime as dt
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from accounts.models import Organization
@@ -29,13 +29,18 @@ def month_bounds(when: dt.datetime) -> tuple[float, float]:
 def device_hours_in_month(*, organization: Organization, when: dt.datetime) -> float:
     """Device-hours billed to the organization for calls that started in ``when``'s month."""
     lo, hi = month_bounds(when)
-    total = UsageEntry.objects.filter(organization=organization, start__gte=lo, start__lt=hi).aggregate(
+    total = UsageEntry.objects.billed().filter(organization=organization, start__gte=lo, start__lt=hi).aggregate(
         s=Sum("device_seconds"))["s"]
     return (total or 0.0) / 3600
 
 
-# One implementation of billed against dedicated, shared with pre-run estimates (DESIGN section 5).
-_savings = savings_of_rows
+def _savings(rows: list[dict[str, Any]], reserved_devices: int, mode: str) -> dict[str, Any]:
+    """Billed against dedicated (DESIGN section 5: ``savings_of_rows``, shared with pre-run
+    estimates) of a job's ledger rows, over the rows billed; ``redone_device_hours``: the work an
+    engine recovery threw away and the job did again (on the ledger, not billed)."""
+    billed = [r for r in rows if not r["redone"]]
+    redone = sum(r["device_seconds"] for r in rows if r["redone"]) / 3600
+    return {**savings_of_rows(billed, reserved_devices, mode), "redone_device_hours": redone}
 
 
 def estimate_figures(*, spec: JobSpec, reserved_devices: int, deployment_mode: str) -> dict[str, Any]:
@@ -48,13 +53,13 @@ def estimate_figures(*, spec: JobSpec, reserved_devices: int, deployment_mode: s
     of its declared reservation and deployment mode. In-process and cheap (no engine call)."""
     predicted = estimate(spec, home=settings.PLEXRL_HOME)
     rows = record_rows(predicted.usage_records(devices_per_group=ServiceConfig().devices_per_group))
-    figures = _savings(rows, reserved_devices, deployment_mode)
+    figures = savings_of_rows(rows, reserved_devices, deployment_mode)
     return {"dedicated_device_hours": figures["counterfactual_device_hours"],
             "multiplexed_device_hours": figures["billed_device_hours"], "savings": figures["savings"],
             "step_seconds": predicted.step_seconds, "basis": predicted.basis}
 
 
-_SAVINGS_FIELDS = ("call", "fn", "start", "end", "queued_s", "setup_s", "device_seconds")
+_SAVINGS_FIELDS = ("call", "fn", "start", "end", "queued_s", "setup_s", "device_seconds", "redone")
 
 
 def job_savings(*, job: Any) -> dict[str, Any]:
@@ -65,7 +70,7 @@ def job_savings(*, job: Any) -> dict[str, Any]:
     in its declared deployment mode: its span on the shared groups less what sharing added (each
     call's wait for its groups once it could run, and its switch-in time); for an async split, less
     also the overlap of its generation with its training passes. Savings = 1 - billed /
-    counterfactual."""
+    counterfactual. Work an engine recovery redid is neither (``redone_device_hours``)."""
     rows = list(UsageEntry.objects.filter(job=job).values(*_SAVINGS_FIELDS))
     return _savings(rows, job.reserved_devices, job.deployment_mode)
 
@@ -100,7 +105,8 @@ def _savings_totals(jobs: list[dict[str, Any]]) -> dict[str, Any]:
     billed = sum(j["billed_device_hours"] for j in jobs)
     counterfactual = sum(j["counterfactual_device_hours"] for j in jobs)
     return {"jobs": len(jobs), "billed_device_hours": billed, "counterfactual_device_hours": counterfactual,
-            "savings": 1 - billed / counterfactual if counterfactual > 0 else None}
+            "savings": 1 - billed / counterfactual if counterfactual > 0 else None,
+            "redone_device_hours": sum(j["redone_device_hours"] for j in jobs)}
 
 
 # --- monthly reports ---------------------------------------------------------------------------
@@ -135,20 +141,24 @@ def _month_label(month: dt.date) -> str:
 def monthly_summary(*, organization: Organization, month: dt.date) -> dict[str, Any]:
     """The organization's device-hours in ``month`` (calls by start time, UTC, like
     ``device_hours_in_month``), per job (most device-hours first) and in total; ``calls``: the calls
-    made (a call held by two groups has a ledger row each and counts once).
+    made (a call held by two groups has a ledger row each and counts once). Billed only; a job's
+    ``redone_device_hours``: work an engine recovery threw away and the job did again, not billed.
 
     Summed by the database, a row per job: fetching the month's ledger rows cost the API ~0.1 ms a
     row (about 50 ms for 200 jobs of 20 steps)."""
     lo, hi = _month_window(month)
     rows = (UsageEntry.objects.filter(organization=organization, start__gte=lo, start__lt=hi)
             .values("job_id", "job__name")
-            .annotate(seconds=Sum("device_seconds"), calls=Count("call", distinct=True))
+            .annotate(seconds=Sum("device_seconds", filter=Q(redone=False), default=0.0),
+                      redone_seconds=Sum("device_seconds", filter=Q(redone=True), default=0.0),
+                      calls=Count("call", distinct=True, filter=Q(redone=False)))
             .order_by())  # no Meta.ordering columns in the GROUP BY
-    jobs = [{"job": r["job_id"], "name": r["job__name"], "device_hours": r["seconds"] / 3600, "calls": r["calls"]}
-            for r in rows]
+    jobs = [{"job": r["job_id"], "name": r["job__name"], "device_hours": r["seconds"] / 3600, "calls": r["calls"],
+             "redone_device_hours": r["redone_seconds"] / 3600} for r in rows]
     jobs.sort(key=lambda j: (-j["device_hours"], j["job"]))
     return {"month": _month_label(month), "device_hours": sum(j["device_hours"] for j in jobs),
-            "calls": sum(j["calls"] for j in jobs), "jobs": jobs}
+            "calls": sum(j["calls"] for j in jobs), "redone_device_hours": sum(j["redone_device_hours"] for j in jobs),
+            "jobs": jobs}
 
 
 def capacity_device_hours(*, lo: float, hi: float, now: dt.datetime | None = None) -> float:
@@ -180,7 +190,8 @@ def cluster_summary(*, month: dt.date, now: dt.datetime | None = None) -> dict[s
     """The whole cluster in ``month`` (platform staff): capacity, what was billed to whom, and the
     idle device-hours nobody used (the platform's own row, DESIGN section 5).
 
-    ``idle_device_hours`` = capacity - billed, never negative; when more was billed than the
+    ``idle_device_hours`` = capacity - billed - redone (``redone_device_hours``: work engine
+    recoveries threw away and jobs did again, used but not billed), never negative; when more was billed than the
     samples show as capacity (samples missing while jobs ran), ``over_capacity`` is true and
     ``over_capacity_device_hours`` says by how much. Each organization's row also has its savings
     over the month: ``_savings`` of each job's calls that started in the month, totalled."""
@@ -200,9 +211,11 @@ def cluster_summary(*, month: dt.date, now: dt.datetime | None = None) -> dict[s
         organizations.append({"organization": org.pk, "name": org.name,
                               "device_hours": totals["billed_device_hours"], "jobs": totals["jobs"],
                               "counterfactual_device_hours": totals["counterfactual_device_hours"],
-                              "savings": totals["savings"]})
+                              "savings": totals["savings"], "redone_device_hours": totals["redone_device_hours"]})
     billed = sum(o["device_hours"] for o in organizations)
-    excess = billed - capacity if billed - capacity > 1e-9 else 0.0  # float noise is not an overrun
+    redone = sum(o["redone_device_hours"] for o in organizations)
+    excess = billed + redone - capacity if billed + redone - capacity > 1e-9 else 0.0  # float noise is no overrun
     return {"month": _month_label(month), "capacity_device_hours": capacity, "billed_device_hours": billed,
-            "idle_device_hours": max(0.0, capacity - billed), "over_capacity": excess > 0,
+            "redone_device_hours": redone, "idle_device_hours": max(0.0, capacity - billed - redone),
+            "over_capacity": excess > 0,
             "over_capacity_device_hours": excess, "organizations": organizations}

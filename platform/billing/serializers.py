@@ -35,6 +35,7 @@ class UsageEntrySerializer(serializers.ModelSerializer):
             "exec_s",
             "queued_s",
             "device_seconds",
+            "redone",
         )
         read_only_fields = fields
 
@@ -46,6 +47,8 @@ class SavingsFiguresSerializer(serializers.Serializer):
     billed_device_hours = serializers.FloatField()
     counterfactual_device_hours = serializers.FloatField()
     savings = serializers.FloatField(allow_null=True)
+    redone_device_hours = serializers.FloatField(
+        help_text="Work an engine recovery threw away and the job did again: used, not billed.")
 
 
 class JobSavingsSerializer(SavingsFiguresSerializer):
@@ -58,7 +61,7 @@ class JobSavingsSerializer(SavingsFiguresSerializer):
         allow_null=True, help_text="The pre-run estimate of the billed device-hours (null: made before estimates).")
 
     CSV_FIELDS = ("job", "name", "state", "estimated_device_hours", "billed_device_hours",
-                  "counterfactual_device_hours", "savings")
+                  "counterfactual_device_hours", "savings", "redone_device_hours")
 
 
 class SavingsTotalsSerializer(SavingsFiguresSerializer):
@@ -101,6 +104,8 @@ class JobMonthSerializer(serializers.Serializer):
     name = serializers.CharField()
     device_hours = serializers.FloatField()
     calls = serializers.IntegerField()
+    redone_device_hours = serializers.FloatField(
+        help_text="Work an engine recovery threw away and the job did again: used, not billed.")
 
 
 class MonthlySummarySerializer(serializers.Serializer):
@@ -109,6 +114,8 @@ class MonthlySummarySerializer(serializers.Serializer):
     month = serializers.CharField(help_text="YYYY-MM")
     device_hours = serializers.FloatField()
     calls = serializers.IntegerField(help_text="Calls made (a call on two groups counts once).")
+    redone_device_hours = serializers.FloatField(
+        help_text="Work an engine recovery threw away and the job did again: used, not billed.")
     jobs = JobMonthSerializer(many=True, help_text="Jobs with usage in the month, most device-hours first.")
 
 
@@ -121,6 +128,8 @@ class OrganizationMonthSerializer(serializers.Serializer):
     jobs = serializers.IntegerField(help_text="Jobs with usage in the month.")
     counterfactual_device_hours = serializers.FloatField()
     savings = serializers.FloatField(allow_null=True)
+    redone_device_hours = serializers.FloatField(
+        help_text="Work an engine recovery threw away and the job did again: used, not billed.")
 
 
 class ClusterSummarySerializer(serializers.Serializer):
@@ -129,16 +138,21 @@ class ClusterSummarySerializer(serializers.Serializer):
     month = serializers.CharField(help_text="YYYY-MM")
     capacity_device_hours = serializers.FloatField(help_text="From the capacity samples (a step function).")
     billed_device_hours = serializers.FloatField()
-    idle_device_hours = serializers.FloatField(help_text="Capacity nobody used: capacity - billed, never negative.")
-    over_capacity = serializers.BooleanField(help_text="More was billed than the samples show as capacity.")
-    over_capacity_device_hours = serializers.FloatField(help_text="Billed - capacity when over capacity, else 0.")
+    redone_device_hours = serializers.FloatField(
+        help_text="Work engine recoveries threw away and jobs did again: used, not billed.")
+    idle_device_hours = serializers.FloatField(
+        help_text="Capacity nobody used: capacity - billed - redone, never negative.")
+    over_capacity = serializers.BooleanField(help_text="More was used than the samples show as capacity.")
+    over_capacity_device_hours = serializers.FloatField(
+        help_text="Billed + redone - capacity when over capacity, else 0.")
     organizations = OrganizationMonthSerializer(many=True)
 
 
 class ClusterRowSerializer(serializers.Serializer):
-    """A row of the cluster report as CSV: an organization, the ``idle`` row, or ``over_capacity``."""
+    """A row of the cluster report as CSV: an organization, the ``redone`` row (work recoveries
+    redid, not billed), the ``idle`` row, or ``over_capacity``."""
 
-    kind = serializers.ChoiceField(choices=("organization", "idle", "over_capacity"))
+    kind = serializers.ChoiceField(choices=("organization", "redone", "idle", "over_capacity"))
     organization = serializers.IntegerField(allow_null=True)
     name = serializers.CharField()
     device_hours = serializers.FloatField()

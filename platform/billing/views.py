@@ -115,8 +115,9 @@ class IsPlatformStaff(BasePermission):
 class ClusterSummaryView(OrgAPIView):
     """``GET billing/cluster/?month=YYYY-MM`` (platform staff; no organization needed): the cluster's
     capacity in the month, the device-hours billed to each organization (with its savings), and the
-    idle device-hours nobody used. ``?format=csv``: a row per organization, then the ``idle`` row
-    (and an ``over_capacity`` row when more was billed than the capacity samples show)."""
+    idle device-hours nobody used. ``?format=csv``: a row per organization, a ``redone`` row when
+    engine recoveries threw work away (used, not billed), then the ``idle`` row (and an
+    ``over_capacity`` row when more was used than the capacity samples show)."""
 
     organization_required = False
     permission_classes = (IsAuthenticated, IsPlatformStaff)
@@ -132,6 +133,9 @@ class ClusterSummaryView(OrgAPIView):
         report = ClusterSummarySerializer(selectors.cluster_summary(month=_month_of(request))).data
         if isinstance(request.accepted_renderer, CSVRenderer):
             rows = [{"kind": "organization", **org} for org in report["organizations"]]
+            if report["redone_device_hours"] > 0:
+                rows.append({"kind": "redone", "organization": None, "name": "redone",
+                             "device_hours": report["redone_device_hours"]})
             rows.append({"kind": "idle", "organization": None, "name": "idle",
                          "device_hours": report["idle_device_hours"]})
             if report["over_capacity"]:

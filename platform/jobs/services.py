@@ -192,6 +192,9 @@ def ingest_events(*, job: Job, events: list[dict[str, Any]]) -> int:
     """Upsert a batch of the job's events (in seq order) and move its cursor; returns how many were
     new. Replaying events already ingested changes nothing (unique by (job, seq), and the cursor).
 
+    A ``recovery`` event marks the job's usage between the checkpoint it resumed from and itself as
+    ``redone`` (billing skips it).
+
     State follows the log, except where the platform already decided: a job the platform cancelled
     stays cancelled; a paused job stays paused until the platform resumes it.
 
@@ -223,6 +226,10 @@ def ingest_events(*, job: Job, events: list[dict[str, Any]]) -> int:
         JobMetric.objects.bulk_create(metrics, ignore_conflicts=True)
         UsageEntry.objects.bulk_create(usage, ignore_conflicts=True)
         JobEvent.objects.bulk_create(other, ignore_conflicts=True)
+        for e in fresh:  # a recovery: the usage since the checkpoint it resumed from is redone, not billed
+            if e["kind"] == "recovery" and "redone_after_seq" in e["data"]:
+                UsageEntry.objects.filter(job=job, seq__gt=e["data"]["redone_after_seq"], seq__lt=e["seq"]).update(
+                    redone=True)
         if job.state == JobState.PROFILING and metrics and max(m.step for m in metrics) >= PROFILE_STEPS:
             job.state = JobState.RUNNING
         job.event_cursor = max(e["seq"] for e in fresh)

@@ -70,6 +70,28 @@ def assert_recovered(events: list[dict], undisturbed: list[dict], times: tuple[i
     for spans in by_group.values():
         spans.sort()
         assert all(b[0] >= a[1] for a, b in itertools.pairwise(spans))
+    # each recovery marks the work it throws away (the usage since the checkpoint it resumes from)
+    # and billing skips it: the calls billed are the undisturbed run's, plus per resume from a
+    # checkpoint the new driver's start-up (its models created, as the undisturbed run's before its
+    # first generate), the load of that checkpoint and the weight sync after it
+    checkpoints = [e["seq"] for e in events if e["kind"] == "checkpoint"]
+    windows = []
+    for e in events:
+        if e["kind"] == "recovery":
+            assert e["data"]["redone_after_seq"] == max((c for c in checkpoints if c < e["seq"]), default=0)
+            windows.append((e["data"]["redone_after_seq"], e["seq"]))
+    billed = Counter(e["data"]["fn"] for e in events if e["kind"] == "usage"
+                     and not any(lo < e["seq"] < hi for lo, hi in windows))
+    resumed = sum(1 for lo, _ in windows if lo > 0)
+    plain_usage = [e["data"] for e in undisturbed if e["kind"] == "usage"]
+    fns = [u["fn"] for u in plain_usage]
+    startup = Counter(fns[:fns.index("generate")])
+    # a call holding two groups (a sync: the train and the rollout group) leaves a record on each
+    per_sync = max(Counter(u["call"] for u in plain_usage if u["fn"] == "sync_weights").values())
+    expected = Counter(fns)
+    for _ in range(resumed):
+        expected.update(startup + Counter({"load_checkpoint": 1, "sync_weights": per_sync}))
+    assert billed == +expected, (billed, expected)
 
 
 def wait_for_step(engine: EngineClient, job: str, step: int) -> None:

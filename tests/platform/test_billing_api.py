@@ -76,7 +76,7 @@ def test_usage_lists_this_organizations_entries(tenant, token_client, ledger):
     row = next(r for r in body["results"] if r["job"] == ledger["b"].pk)
     assert set(row) == {
         "id", "job", "seq", "call", "role", "fn", "wpg", "devices", "start", "end", "setup_s", "exec_s", "queued_s",
-        "device_seconds",
+        "device_seconds", "redone",
     }  # fmt: skip
     assert (row["seq"], row["role"], row["fn"], row["devices"], row["device_seconds"]) == (
         2, "policy", "generate", 2.0, 7200.0)  # fmt: skip
@@ -120,7 +120,7 @@ def test_savings_per_job_and_totals(tenant, token_client, ledger):
     assert [row["job"] for row in body["jobs"]] == [ledger["idle"].pk, ledger["b"].pk, ledger["a"].pk]  # newest first
     a, b, idle = rows[ledger["a"].pk], rows[ledger["b"].pk], rows[ledger["idle"].pk]
     assert set(a) == {"job", "name", "state", "estimated_device_hours", "billed_device_hours",
-                      "counterfactual_device_hours", "savings"}
+                      "counterfactual_device_hours", "savings", "redone_device_hours"}
     assert (a["name"], a["state"]) == ("a", "succeeded")
     assert a["estimated_device_hours"] == pytest.approx(ledger["a"].estimate["multiplexed_device_hours"])
     # a: 20 device-seconds billed; alone it would hold 2 devices for its 20 s span
@@ -162,7 +162,8 @@ def test_savings_of_an_organization_without_jobs(tenant, token_client, other_ten
     body = token_client(tenant.viewer, tenant.organization).get(SAVINGS).json()
     assert body == {
         "jobs": [],
-        "totals": {"jobs": 0, "billed_device_hours": 0.0, "counterfactual_device_hours": 0.0, "savings": None},
+        "totals": {"jobs": 0, "billed_device_hours": 0.0, "counterfactual_device_hours": 0.0, "savings": None,
+                   "redone_device_hours": 0.0},
     }
 
 
@@ -173,7 +174,7 @@ def read_csv(response) -> list[list[str]]:
 
 
 HEADER = ["job", "name", "state", "estimated_device_hours", "billed_device_hours", "counterfactual_device_hours",
-          "savings"]
+          "savings", "redone_device_hours"]
 
 
 def test_savings_as_csv(tenant, token_client, ledger):

@@ -92,14 +92,14 @@ def test_summary_counts_this_organizations_month_only(tenant, token_client, marc
     response = token_client(tenant.viewer, tenant.organization).get(SUMMARY, {"month": "2025-03"})
     assert response.status_code == 200
     body = response.json()
-    assert set(body) == {"month", "device_hours", "calls", "jobs"}
+    assert set(body) == {"month", "device_hours", "calls", "redone_device_hours", "jobs"}
     assert body["month"] == "2025-03"
     # a: 1.5 + 2 x 180 s; b: 0.5 (its April call is April's); globex's hour is not ours
     assert body["device_hours"] == pytest.approx(1.5 + 360 / HOUR + 0.5)
     assert body["calls"] == 3  # call 2 of a held two groups: one call
     assert [(j["job"], j["name"]) for j in body["jobs"]] == [(march["a"].pk, "a"), (march["b"].pk, "b")]
     a = body["jobs"][0]
-    assert set(a) == {"job", "name", "device_hours", "calls"}
+    assert set(a) == {"job", "name", "device_hours", "calls", "redone_device_hours"}
     assert (a["device_hours"], a["calls"]) == (pytest.approx(1.5 + 360 / HOUR), 2)
     assert "theirs" not in response.content.decode()
 
@@ -129,7 +129,8 @@ def test_summary_of_the_next_month(tenant, token_client, march):
 def test_summary_defaults_to_the_current_month(tenant, token_client, march):
     body = token_client(tenant.viewer, tenant.organization).get(SUMMARY).json()
     now = dt.datetime.now(dt.UTC)
-    assert body == {"month": f"{now.year:04d}-{now.month:02d}", "device_hours": 0.0, "calls": 0, "jobs": []}
+    assert body == {"month": f"{now.year:04d}-{now.month:02d}", "device_hours": 0.0, "calls": 0,
+                    "redone_device_hours": 0.0, "jobs": []}
     # an empty ?month= (a form's blank field) is the default too
     assert token_client(tenant.viewer, tenant.organization).get(SUMMARY, {"month": ""}).json() == body
 
@@ -154,7 +155,7 @@ def test_summary_needs_authentication_and_an_organization(api_client, session_cl
 def test_summary_as_csv(tenant, token_client, march):
     client = token_client(tenant.viewer, tenant.organization)
     rows = read_csv(client.get(SUMMARY, {"month": "2025-03", "format": "csv"}))
-    assert rows[0] == ["job", "name", "device_hours", "calls"]
+    assert rows[0] == ["job", "name", "device_hours", "calls", "redone_device_hours"]
     assert [(int(r[0]), r[1], int(r[3])) for r in rows[1:]] == [(march["a"].pk, "a", 2), (march["b"].pk, "b", 1)]
     assert float(rows[1][2]) == pytest.approx(1.5 + 360 / HOUR)
     assert read_csv(client.get(SUMMARY, {"month": "2024-01", "format": "csv"})) == [rows[0]]
@@ -306,7 +307,8 @@ def test_cluster_csv_over_capacity_has_its_own_row(session_client, staff, tenant
 def test_cluster_report_of_an_empty_month(session_client, staff):
     body = session_client(staff).get(CLUSTER, {"month": "2024-02"}).json()
     assert body == {"month": "2024-02", "capacity_device_hours": 0.0, "billed_device_hours": 0.0,
-                    "idle_device_hours": 0.0, "over_capacity": False, "over_capacity_device_hours": 0.0,
+                    "redone_device_hours": 0.0, "idle_device_hours": 0.0, "over_capacity": False,
+                    "over_capacity_device_hours": 0.0,
                     "organizations": []}  # fmt: skip
 
 
@@ -343,3 +345,51 @@ def test_record_capacity_runs_every_period():
     entry = settings.CELERY_BEAT_SCHEDULE["record-capacity"]
     assert entry == {"task": "billing.tasks.record_capacity", "schedule": settings.BILLING_CAPACITY_PERIOD_S}
     assert {"pull-job-events", "enforce-quotas"} <= set(settings.CELERY_BEAT_SCHEDULE)
+
+
+# --- work an engine recovery redid ----------------------------------------------------------------
+
+
+def test_work_a_recovery_redid_is_on_the_ledger_and_not_billed(tenant, token_client, session_client, staff):
+    """A driver died after its checkpoint (seq 3) and one more hour's call; the engine resumed from
+    the checkpoint (``recovery``, seq 5) and did that call again. The lost hour stays on the ledger
+    as ``redone``: the tenant pays for the call once, and the cluster report shows it as used."""
+    job = make_job(tenant, name="recovered")
+
+    def call(seq: int, call_id: int, hour: int) -> dict:
+        start = ts(T0) + hour * HOUR
+        return {"seq": seq, "kind": "usage", "ts": start + HOUR, "data": {
+            "job": job.engine_id, "role": "policy", "fn": "forward_backward", "wpg": "w0", "devices": 1.0,
+            "start": start, "end": start + HOUR, "setup_s": 0.0, "exec_s": HOUR, "call": call_id, "tenant": "",
+            "queued_s": 0.0}}  # fmt: skip
+
+    before = [{"seq": 1, "kind": "state", "ts": 1.0, "data": {"state": "running"}}, call(2, 1, 0),
+              {"seq": 3, "kind": "checkpoint", "ts": 2.0,
+               "data": {"step": 1, "tag": "step-1", "path": "/x", "state": {}}},
+              call(4, 2, 1)]  # fmt: skip
+    after = [{"seq": 5, "kind": "recovery", "ts": 3.0, "data": {"message": "driver died", "attempt": 1,
+                                                                "redone_after_seq": 3}},
+             call(6, 3, 2)]  # fmt: skip
+    services.ingest_events(job=job, events=before)  # the redone row came in an earlier pull
+    services.ingest_events(job=job, events=after)
+    services.ingest_events(job=job, events=before + after)  # a replayed pull changes nothing
+    assert dict(job.usage.values_list("seq", "redone")) == {2: False, 4: True, 6: False}
+
+    client = token_client(tenant.viewer, tenant.organization)
+    summary = client.get(SUMMARY, {"month": "2025-03"}).json()
+    assert (summary["device_hours"], summary["redone_device_hours"], summary["calls"]) == (
+        pytest.approx(2.0), pytest.approx(1.0), 2)
+    assert selectors.device_hours_in_month(organization=tenant.organization, when=T0) == pytest.approx(2.0)  # quota
+    savings = client.get("/api/v1/billing/savings/").json()["jobs"][0]
+    assert (savings["billed_device_hours"], savings["redone_device_hours"]) == (pytest.approx(2.0), pytest.approx(1.0))
+    assert [row["redone"] for row in client.get("/api/v1/billing/usage/").json()["results"]] == [False, True, False]
+
+    for hour in range(4):
+        sample(T0 + dt.timedelta(hours=hour), 4)
+    cluster = session_client(staff).get(CLUSTER, {"month": "2025-03"}).json()
+    capacity = cluster["capacity_device_hours"]
+    assert (cluster["billed_device_hours"], cluster["redone_device_hours"]) == (pytest.approx(2.0), pytest.approx(1.0))
+    assert cluster["idle_device_hours"] == pytest.approx(capacity - 3.0)
+    rows = read_csv(session_client(staff).get(CLUSTER, {"month": "2025-03", "format": "csv"}))
+    assert [(r[0], r[2]) for r in rows[1:]] == [("organization", "Acme"), ("redone", "redone"), ("idle", "idle")]
+    assert sum(float(r[3]) for r in rows[1:]) == pytest.approx(capacity)  # every device-hour accounted once

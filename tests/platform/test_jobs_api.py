@@ -110,6 +110,7 @@ def test_create_a_job(tenant, token_client):
         "counterfactual_device_hours": 0.0,
         "isolated_wall_seconds": 0.0,
         "savings": None,
+        "redone_device_hours": 0.0,
     }
     row = AuditLog.objects.get(action="job.created")
     assert (row.organization, row.actor, row.target) == (tenant.organization, tenant.member, job.engine_id)

@@ -86,7 +86,8 @@ function showCost(job) {
   const s = job.savings;
   if (s && s.billed_device_hours > 0) {
     billed.dataset.billed = String(s.billed_device_hours);
-    billed.textContent = `${deviceHours(s.billed_device_hours)} (dedicated: ${deviceHours(s.counterfactual_device_hours)})`;
+    const redone = s.redone_device_hours > 0 ? `; ${deviceHours(s.redone_device_hours)} redone after an engine fault, not billed` : "";
+    billed.textContent = `${deviceHours(s.billed_device_hours)} (dedicated: ${deviceHours(s.counterfactual_device_hours)}${redone})`;
   }
 }
 
