@@ -1,5 +1,5 @@
-"""ASGI entry point (daphne / uvicorn): ``config.asgi:application``: HTTP through Django, websockets
-through Channels (``config.routing``).
+"""ASGI entry point (daphne / uvicorn): ``config.asgi:application``: HTTP through Django, one
+worker-thread hop a request (``config.http``), websockets through Channels (``config.routing``).
 
 A server imports this as ``config.*``, so ``platform/`` is usually on the path already (often as
 a relative entry such as the working directory); the helper then only pins its absolute path, so
@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from django.core.asgi import get_asgi_application
+import django
 
 try:
     import plexrl
@@ -21,10 +21,13 @@ except ModuleNotFoundError:  # a checkout that was never pip-installed: plexrl.p
 plexrl.add_platform_to_path()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-django_http = get_asgi_application()  # sets Django up before anything imports models
+django.setup(set_prefix=False)  # before anything imports models (the handler sets the prefix per request)
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402  (after Django is set up)
 
+from config.http import OneHopASGIHandler  # noqa: E402
 from config.routing import websocket_application  # noqa: E402
+
+django_http = OneHopASGIHandler()
 
 application = ProtocolTypeRouter({"http": django_http, "websocket": websocket_application})

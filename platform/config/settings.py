@@ -145,7 +145,7 @@ TEMPLATES = [
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
     # conn_max_age=0: the web tier is ASGI, where Django advises against persistent connections
-    # (each request runs in a thread of its own, so a thread's connection would leak).
+    # (a request's thread is not the next one's, so a thread's own connection would sit idle).
     # conn_health_checks: a pooled connection is checked as it is taken, so one broken by a
     # PostgreSQL restart is replaced instead of failing the request that got it.
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)}
