@@ -364,9 +364,9 @@ class EngineService:
 
     def _replace_driver(self, job_id: str, why: str) -> None:
         """Kill the job's driver (if alive), drop its calls and states, start one that resumes."""
-        self._stop_driver(job_id)
         from engine.driver import redone_after
 
+        self._stop_driver(job_id)
         self._drop_calls_and_states(job_id, self.jobs[job_id][0])  # what the dead driver left
         path = events_path(self.data_dir, job_id)
         redone = redone_after(read_events(path))

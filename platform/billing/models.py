@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from django.db import models
 
+BILLED = models.Q(redone=False)  # the rows the tenant pays for: all but work a recovery redid
+
 
 class UsageQuerySet(models.QuerySet):
     def billed(self) -> UsageQuerySet:
-        """The rows the tenant pays for: all but work a recovery redid."""
-        return self.filter(redone=False)
+        return self.filter(BILLED)
 
 
 class UsageEntry(models.Model):

@@ -7,11 +7,11 @@ import datetime as dt
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
 from accounts.models import Organization
-from billing.models import CapacitySample, UsageEntry
+from billing.models import BILLED, CapacitySample, UsageEntry
 from engine.estimate import estimate
 from engine.metering import record_rows, savings_of_rows
 from engine.service import ServiceConfig
@@ -149,9 +149,9 @@ def monthly_summary(*, organization: Organization, month: dt.date) -> dict[str, 
     lo, hi = _month_window(month)
     rows = (UsageEntry.objects.filter(organization=organization, start__gte=lo, start__lt=hi)
             .values("job_id", "job__name")
-            .annotate(seconds=Sum("device_seconds", filter=Q(redone=False), default=0.0),
-                      redone_seconds=Sum("device_seconds", filter=Q(redone=True), default=0.0),
-                      calls=Count("call", distinct=True, filter=Q(redone=False)))
+            .annotate(seconds=Sum("device_seconds", filter=BILLED, default=0.0),
+                      redone_seconds=Sum("device_seconds", filter=~BILLED, default=0.0),
+                      calls=Count("call", distinct=True, filter=BILLED))
             .order_by())  # no Meta.ordering columns in the GROUP BY
     jobs = [{"job": r["job_id"], "name": r["job__name"], "device_hours": r["seconds"] / 3600, "calls": r["calls"],
              "redone_device_hours": r["redone_seconds"] / 3600} for r in rows]
@@ -191,8 +191,8 @@ def cluster_summary(*, month: dt.date, now: dt.datetime | None = None) -> dict[s
     idle device-hours nobody used (the platform's own row, DESIGN section 5).
 
     ``idle_device_hours`` = capacity - billed - redone (``redone_device_hours``: work engine
-    recoveries threw away and jobs did again, used but not billed), never negative; when more was billed than the
-    samples show as capacity (samples missing while jobs ran), ``over_capacity`` is true and
+    recoveries threw away and jobs did again, used but not billed), never negative; when more was
+    used than the samples show as capacity (samples missing while jobs ran), ``over_capacity`` is true and
     ``over_capacity_device_hours`` says by how much. Each organization's row also has its savings
     over the month: ``_savings`` of each job's calls that started in the month, totalled."""
     lo, hi = _month_window(month)
@@ -214,8 +214,9 @@ def cluster_summary(*, month: dt.date, now: dt.datetime | None = None) -> dict[s
                               "savings": totals["savings"], "redone_device_hours": totals["redone_device_hours"]})
     billed = sum(o["device_hours"] for o in organizations)
     redone = sum(o["redone_device_hours"] for o in organizations)
-    excess = billed + redone - capacity if billed + redone - capacity > 1e-9 else 0.0  # float noise is no overrun
+    used = billed + redone
+    excess = used - capacity if used - capacity > 1e-9 else 0.0  # float noise is not an overrun
     return {"month": _month_label(month), "capacity_device_hours": capacity, "billed_device_hours": billed,
-            "redone_device_hours": redone, "idle_device_hours": max(0.0, capacity - billed - redone),
+            "redone_device_hours": redone, "idle_device_hours": max(0.0, capacity - used),
             "over_capacity": excess > 0,
             "over_capacity_device_hours": excess, "organizations": organizations}

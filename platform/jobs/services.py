@@ -207,6 +207,7 @@ def ingest_events(*, job: Job, events: list[dict[str, Any]]) -> int:
             return 0
         before = _state_of(job)
         metrics, usage, other = [], [], []
+        redone: list[tuple[int, int]] = []  # (after seq, before seq) of each recovery's redone usage
         for e in fresh:
             kind, data = e["kind"], e["data"]
             if kind == "metrics":
@@ -223,13 +224,13 @@ def ingest_events(*, job: Job, events: list[dict[str, Any]]) -> int:
                 other.append(JobEvent(job=job, seq=e["seq"], kind=kind, data=data, ts=e["ts"]))
                 if kind == "state":
                     _follow(job, data, e["ts"])
+                elif kind == "recovery" and "redone_after_seq" in data:
+                    redone.append((data["redone_after_seq"], e["seq"]))
         JobMetric.objects.bulk_create(metrics, ignore_conflicts=True)
         UsageEntry.objects.bulk_create(usage, ignore_conflicts=True)
         JobEvent.objects.bulk_create(other, ignore_conflicts=True)
-        for e in fresh:  # a recovery: the usage since the checkpoint it resumed from is redone, not billed
-            if e["kind"] == "recovery" and "redone_after_seq" in e["data"]:
-                UsageEntry.objects.filter(job=job, seq__gt=e["data"]["redone_after_seq"], seq__lt=e["seq"]).update(
-                    redone=True)
+        for after, before_seq in redone:  # rows of this batch or of earlier ones
+            UsageEntry.objects.filter(job=job, seq__gt=after, seq__lt=before_seq).update(redone=True)
         if job.state == JobState.PROFILING and metrics and max(m.step for m in metrics) >= PROFILE_STEPS:
             job.state = JobState.RUNNING
         job.event_cursor = max(e["seq"] for e in fresh)
