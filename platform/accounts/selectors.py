@@ -3,9 +3,11 @@ first; the only exceptions are a user's own organizations and memberships, which
 user. Called by the REST views, the tenancy layer (``accounts.api``) and the management commands.
 """
 
+from django.db import connections
 from django.db.models import OuterRef, QuerySet, Subquery
 
 from accounts.models import ApiToken, AuditLog, Membership, Organization, Quota, User
+from accounts.sql import ModelColumns, fetch_one
 
 
 def organizations_of(*, user: User) -> QuerySet[Organization]:
@@ -14,28 +16,53 @@ def organizations_of(*, user: User) -> QuerySet[Organization]:
     return Organization.objects.filter(memberships__user=user).annotate(role=Subquery(role)).order_by("id")
 
 
+# The token read's four models, under the aliases of its SQL (``token_by_digest``).
+_TOKEN, _USER, _ORGANIZATION, _MEMBERSHIP = (
+    ModelColumns(ApiToken, "t"), ModelColumns(User, "u"), ModelColumns(Organization, "o"),
+    ModelColumns(Membership, "m"),
+)
+_token_sql: dict[str, str] = {}  # {database vendor: the token read's SQL}
+
+
+def _token_read(connection) -> str:
+    sql = _token_sql.get(connection.vendor)
+    if sql is None:
+        q = connection.ops.quote_name
+        token, user, org, member = (q(c.model._meta.db_table) for c in (_TOKEN, _USER, _ORGANIZATION, _MEMBERSHIP))
+        sql = _token_sql[connection.vendor] = (
+            # table and column names from the models, quoted; the digest is a parameter
+            f"SELECT {_TOKEN.sql(connection)}, {_USER.sql(connection)}, {_ORGANIZATION.sql(connection)}, "  # noqa: S608
+            f"{_MEMBERSHIP.sql(connection)} "
+            f"FROM {token} t JOIN {user} u ON u.id = t.user_id JOIN {org} o ON o.id = t.organization_id "
+            f"LEFT JOIN {member} m ON m.user_id = t.user_id AND m.organization_id = t.organization_id "
+            "WHERE t.digest = %s"
+        )
+    return sql
+
+
 def token_by_digest(*, digest: str) -> ApiToken | None:
     """The token with this digest, with its user, its organization and, as ``token.membership``,
     its user's membership there (None if they are no longer a member), all in one query; None if
     no token has it. The one read that cannot start from the tenant: it is how a request finds its
-    tenant (``accounts.authentication``). Every API request by token makes it, so the membership
-    comes along instead of costing a query of its own (``accounts.api.token_membership``)."""
-    member = Membership.objects.filter(user=OuterRef("user_id"), organization=OuterRef("organization_id"))
-    token = (
-        ApiToken.objects.select_related("user", "organization")
-        .filter(digest=digest)
-        .annotate(
-            membership_pk=Subquery(member.values("pk")[:1]),
-            membership_role=Subquery(member.values("role")[:1]),
-            membership_created_at=Subquery(member.values("created_at")[:1]),
-        )
-        .first()
-    )
-    if token is not None:
-        token.membership = None if token.membership_pk is None else Membership(
-            pk=token.membership_pk, user=token.user, organization=token.organization,
-            role=token.membership_role, created_at=token.membership_created_at,
-        )
+    tenant (``accounts.authentication``). Every API request by token makes it, so it is fixed SQL
+    (``accounts.sql``: compiling it as a queryset cost more than the rest of a simple request's
+    queries) and the membership comes along instead of costing a query of its own
+    (``accounts.api.token_membership``)."""
+    connection = connections["default"]
+    row = fetch_one(_token_read(connection), [digest])
+    if row is None:
+        return None
+    parts, start = [], 0
+    for columns in (_TOKEN, _USER, _ORGANIZATION, _MEMBERSHIP):
+        parts.append(row[start:start + columns.width])
+        start += columns.width
+    token = _TOKEN.instance(parts[0], connection)
+    token.user = _USER.instance(parts[1], connection)
+    token.organization = _ORGANIZATION.instance(parts[2], connection)
+    token.membership = None
+    if parts[3][0] is not None:  # the LEFT JOIN found the membership
+        token.membership = _MEMBERSHIP.instance(parts[3], connection)
+        token.membership.user, token.membership.organization = token.user, token.organization
     return token
 
 
