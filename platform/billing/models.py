@@ -49,6 +49,29 @@ class UsageEntry(models.Model):
         return f"{self.job_id}#{self.seq} {self.fn} on {self.wpg}"
 
 
+class JobUsageTotals(models.Model):
+    """One job's usage ledger summed (``engine.metering.ledger_totals`` of its billed rows, and the
+    device-seconds a recovery redid), so its savings are read without reading its rows.
+
+    Written only where the ledger is: the event ingest, in the transaction that stores the rows or
+    marks them redone (``billing.services.usage_totals_refresh``). The savings figures follow from
+    these and the job's declared reservation and mode (``billing.selectors.job_savings``)."""
+
+    job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, primary_key=True, related_name="usage_totals")
+    rows = models.PositiveIntegerField(default=0, help_text="Billed rows.")
+    device_seconds = models.FloatField(default=0.0)
+    span_s = models.FloatField(default=0.0)
+    shared_s = models.FloatField(default=0.0)
+    rollout_busy_s = models.FloatField(default=0.0)
+    train_busy_s = models.FloatField(default=0.0)
+    redone_device_seconds = models.FloatField(default=0.0)
+
+    TOTALS = ("rows", "device_seconds", "span_s", "shared_s", "rollout_busy_s", "train_busy_s")  # LedgerTotals'
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.device_seconds:g} device-s in {self.rows} rows"
+
+
 class CapacitySample(models.Model):
     """The cluster's device capacity at one moment, recorded every ``BILLING_CAPACITY_PERIOD_S`` by
     ``billing.tasks.record_capacity`` from the engine's ``cluster_snapshot``.

@@ -11,9 +11,9 @@ from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
 from accounts.models import Organization
-from billing.models import BILLED, CapacitySample, UsageEntry
+from billing.models import BILLED, CapacitySample, JobUsageTotals, UsageEntry
 from engine.estimate import estimate
-from engine.metering import record_rows, savings_of_rows
+from engine.metering import LedgerTotals, ledger_totals, record_rows, savings_of_rows, savings_of_totals
 from engine.service import ServiceConfig
 from engine.spec import JobSpec
 from jobs.models import Job
@@ -34,13 +34,25 @@ def device_hours_in_month(*, organization: Organization, when: dt.datetime) -> f
     return (total or 0.0) / 3600
 
 
-def _savings(rows: list[dict[str, Any]], reserved_devices: int, mode: str) -> dict[str, Any]:
-    """Billed against dedicated (DESIGN section 5: ``savings_of_rows``, shared with pre-run
-    estimates) of a job's ledger rows, over the rows billed; ``redone_device_hours``: the work an
-    engine recovery threw away and the job did again (on the ledger, not billed)."""
-    billed = [r for r in rows if not r["redone"]]
-    redone = sum(r["device_seconds"] for r in rows if r["redone"]) / 3600
-    return {**savings_of_rows(billed, reserved_devices, mode), "redone_device_hours": redone}
+# What ``engine.metering.ledger_totals`` reads of a usage row, and whether it is billed.
+SAVINGS_FIELDS = ("call", "fn", "start", "end", "queued_s", "setup_s", "device_seconds", "redone")
+
+
+def usage_totals_of_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``JobUsageTotals`` fields of one job's ledger rows (``SAVINGS_FIELDS`` dicts): the
+    totals of the billed ones, and the device-seconds of those a recovery redid."""
+    totals = ledger_totals([r for r in rows if not r["redone"]])
+    return {**totals.to_dict(), "redone_device_seconds": sum(r["device_seconds"] for r in rows if r["redone"])}
+
+
+def _savings(totals: dict[str, Any], reserved_devices: int, mode: str) -> dict[str, Any]:
+    """Billed against dedicated (DESIGN section 5: ``engine.metering.savings_of_totals``, shared with
+    pre-run estimates) of a job's ledger totals (``JobUsageTotals`` fields, ``usage_totals_of_rows``),
+    over the rows billed; ``redone_device_hours``: the work an engine recovery threw away and the job
+    did again (on the ledger, not billed)."""
+    billed = LedgerTotals(**{name: totals[name] for name in JobUsageTotals.TOTALS})
+    return {**savings_of_totals(billed, reserved_devices, mode),
+            "redone_device_hours": totals["redone_device_seconds"] / 3600}
 
 
 def estimate_figures(*, spec: JobSpec, reserved_devices: int, deployment_mode: str) -> dict[str, Any]:
@@ -59,7 +71,15 @@ def estimate_figures(*, spec: JobSpec, reserved_devices: int, deployment_mode: s
             "step_seconds": predicted.step_seconds, "basis": predicted.basis}
 
 
-_SAVINGS_FIELDS = ("call", "fn", "start", "end", "queued_s", "setup_s", "device_seconds", "redone")
+_NO_USAGE = usage_totals_of_rows([])
+
+
+def _totals_of(job: Job) -> dict[str, Any]:
+    try:
+        totals = job.usage_totals  # selected with the job by ``jobs.selectors``, else one query
+    except JobUsageTotals.DoesNotExist:
+        return _NO_USAGE
+    return {name: getattr(totals, name) for name in (*JobUsageTotals.TOTALS, "redone_device_seconds")}
 
 
 def job_savings(*, job: Any) -> dict[str, Any]:
@@ -70,9 +90,9 @@ def job_savings(*, job: Any) -> dict[str, Any]:
     in its declared deployment mode: its span on the shared groups less what sharing added (each
     call's wait for its groups once it could run, and its switch-in time); for an async split, less
     also the overlap of its generation with its training passes. Savings = 1 - billed /
-    counterfactual. Work an engine recovery redid is neither (``redone_device_hours``)."""
-    rows = list(UsageEntry.objects.filter(job=job).values(*_SAVINGS_FIELDS))
-    return _savings(rows, job.reserved_devices, job.deployment_mode)
+    counterfactual. Work an engine recovery redid is neither (``redone_device_hours``). Read from
+    the job's ledger totals (``JobUsageTotals``), not its rows."""
+    return _savings(_totals_of(job), job.reserved_devices, job.deployment_mode)
 
 
 def usage_of(*, organization: Organization, job: int | None = None) -> QuerySet[UsageEntry]:
@@ -83,20 +103,24 @@ def usage_of(*, organization: Organization, job: int | None = None) -> QuerySet[
     return entries.order_by("job_id", "seq")
 
 
+_TOTALS_COLUMNS = {f"usage_totals__{name}": name for name in (*JobUsageTotals.TOTALS, "redone_device_seconds")}
+
+
 def savings_of(*, organization: Organization) -> dict[str, Any]:
-    """``job_savings`` of each of the organization's jobs (newest first) and the totals, in two
-    queries: ``{"jobs": [{"job", "name", "state", "estimated_device_hours", <job_savings>}...],
-    "totals": {...}}``; ``estimated_device_hours``: the pre-run estimate of what it would be billed
-    (null for a job made before estimates).
+    """``job_savings`` of each of the organization's jobs (newest first) and the totals, in one
+    query over the jobs and their ledger totals: ``{"jobs": [{"job", "name", "state",
+    "estimated_device_hours", <job_savings>}...], "totals": {...}}``; ``estimated_device_hours``: the
+    pre-run estimate of what it would be billed (null for a job made before estimates).
     Total savings = 1 - all billed / all counterfactual device-hours (None when nothing ran)."""
-    rows: dict[int, list[dict[str, Any]]] = {}
-    for row in UsageEntry.objects.filter(organization=organization).values("job_id", *_SAVINGS_FIELDS):
-        rows.setdefault(row["job_id"], []).append(row)
     jobs = []
-    for job in Job.objects.filter(organization=organization).order_by("-created_at", "-id"):
-        jobs.append({"job": job.pk, "name": job.name, "state": job.state,
-                     "estimated_device_hours": (job.estimate or {}).get("multiplexed_device_hours"),
-                     **_savings(rows.get(job.pk, []), job.reserved_devices, job.deployment_mode)})
+    for job in (Job.objects.filter(organization=organization).order_by("-created_at", "-id")
+                .values("pk", "name", "state", "rollout_devices", "train_devices", "deployment_mode",
+                        "estimate__multiplexed_device_hours", *_TOTALS_COLUMNS)):
+        totals = _NO_USAGE if job["usage_totals__rows"] is None else {
+            name: job[column] for column, name in _TOTALS_COLUMNS.items()}
+        jobs.append({"job": job["pk"], "name": job["name"], "state": job["state"],
+                     "estimated_device_hours": job["estimate__multiplexed_device_hours"],
+                     **_savings(totals, job["rollout_devices"] + job["train_devices"], job["deployment_mode"])})
     return {"jobs": jobs, "totals": _savings_totals(jobs)}
 
 
@@ -199,14 +223,15 @@ def cluster_summary(*, month: dt.date, now: dt.datetime | None = None) -> dict[s
     capacity = capacity_device_hours(lo=lo, hi=hi, now=now)
     rows: dict[int, dict[int, list[dict[str, Any]]]] = {}
     for row in UsageEntry.objects.filter(start__gte=lo, start__lt=hi).values(
-            "organization_id", "job_id", *_SAVINGS_FIELDS):
+            "organization_id", "job_id", *SAVINGS_FIELDS):
         rows.setdefault(row["organization_id"], {}).setdefault(row["job_id"], []).append(row)
     declared = {job.pk: (job.reserved_devices, job.deployment_mode)
                 for job in Job.objects.filter(pk__in={j for jobs in rows.values() for j in jobs}).only(
                     "id", "rollout_devices", "train_devices", "deployment_mode")}
     organizations = []
     for org in Organization.objects.filter(pk__in=rows).order_by("name", "id"):
-        jobs = [_savings(job_rows, *declared[job_id]) for job_id, job_rows in rows[org.pk].items()]
+        jobs = [_savings(usage_totals_of_rows(job_rows), *declared[job_id])
+                for job_id, job_rows in rows[org.pk].items()]
         totals = _savings_totals(jobs)
         organizations.append({"organization": org.pk, "name": org.name,
                               "device_hours": totals["billed_device_hours"], "jobs": totals["jobs"],

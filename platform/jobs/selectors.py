@@ -25,8 +25,9 @@ def jobs_of(*, organization: Organization, state: str | None = None, search: str
 
 
 def job_get(*, organization: Organization, pk: int) -> Job:
-    """One of the organization's jobs (annotated like ``jobs_of``); 404 for any other."""
-    return get_object_or_404(jobs_of(organization=organization), pk=pk)
+    """One of the organization's jobs (annotated like ``jobs_of``), with its ledger totals (its
+    savings, ``billing.selectors.job_savings``); 404 for any other."""
+    return get_object_or_404(jobs_of(organization=organization).select_related("usage_totals"), pk=pk)
 
 
 def active_jobs_count(*, organization: Organization) -> int:

@@ -17,6 +17,7 @@ from accounts.models import Organization, Quota, User
 from accounts.services import audit_record
 from billing.models import UsageEntry
 from billing.selectors import device_hours_in_month, estimate_figures
+from billing.services import usage_totals_refresh
 from engine.errors import SpecError
 from engine.scheduler.core import Policy
 from engine.spec import JobSpec
@@ -231,6 +232,8 @@ def ingest_events(*, job: Job, events: list[dict[str, Any]]) -> int:
         JobEvent.objects.bulk_create(other, ignore_conflicts=True)
         for after, before_seq in redone:  # rows of this batch or of earlier ones
             UsageEntry.objects.filter(job=job, seq__gt=after, seq__lt=before_seq).update(redone=True)
+        if usage or redone:  # the job's ledger totals change with its ledger, in this transaction
+            usage_totals_refresh(job_id=job.pk)
         if job.state == JobState.PROFILING and metrics and max(m.step for m in metrics) >= PROFILE_STEPS:
             job.state = JobState.RUNNING
         job.event_cursor = max(e["seq"] for e in fresh)

@@ -62,6 +62,7 @@ import json
 from accounts.services import organization_create, token_create
 from accounts.models import User
 from billing.models import UsageEntry
+from billing.services import usage_totals_refresh
 from jobs.models import Job, JobEvent, JobMetric
 from engine.spec import JobSpec
 STEPS = {steps}
@@ -87,6 +88,8 @@ for job in jobs:
 JobMetric.objects.bulk_create(metrics, batch_size=5000)
 JobEvent.objects.bulk_create(events, batch_size=5000)
 UsageEntry.objects.bulk_create(usage, batch_size=5000)
+for job in jobs:
+    usage_totals_refresh(job_id=job.pk)  # as the event ingest keeps them
 print(json.dumps({{"token": token, "ids": [job.pk for job in jobs]}}))
 """
 

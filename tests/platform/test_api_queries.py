@@ -39,10 +39,24 @@ def test_the_job_list_takes_three_queries(jobs, viewer, django_assert_num_querie
     assert [j["last_step"] for j in response.json()["results"]] == [3] * 5
 
 
-def test_a_job_takes_three_queries(jobs, viewer, django_assert_num_queries):
-    with django_assert_num_queries(3):  # authentication, the job, its usage rows (savings)
+def test_a_job_takes_two_queries(jobs, viewer, django_assert_num_queries):
+    with django_assert_num_queries(2):  # authentication, the job with its ledger totals (savings)
         response = viewer.get(f"/api/v1/jobs/{jobs[0].pk}/")
     assert response.status_code == 200
+
+
+def test_the_savings_report_takes_two_queries_however_long_the_ledger(jobs, viewer, django_assert_num_queries):
+    """It reads each job's ledger totals, never the usage rows (thousands a job)."""
+    services.ingest_events(job=jobs[0], events=[
+        {"seq": 10 + i, "kind": "usage", "ts": 0.0, "data": {"call": i, "role": "policy", "fn": "generate",
+                                                          "wpg": "g", "devices": 1.0, "start": i, "end": i + 0.5}}
+        for i in range(50)])
+    with django_assert_num_queries(2):  # authentication, the jobs with their ledger totals
+        response = viewer.get("/api/v1/billing/savings/")
+    assert response.status_code == 200
+    report = {row["job"]: row for row in response.json()["jobs"]}
+    assert report[jobs[0].pk]["billed_device_hours"] == pytest.approx(50 * 0.5 / 3600)
+    assert report[jobs[1].pk]["billed_device_hours"] == 0.0
 
 
 def test_the_role_read_with_the_token_is_current(tenant, viewer):

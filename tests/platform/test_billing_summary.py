@@ -393,3 +393,33 @@ def test_work_a_recovery_redid_is_on_the_ledger_and_not_billed(tenant, token_cli
     rows = read_csv(session_client(staff).get(CLUSTER, {"month": "2025-03", "format": "csv"}))
     assert [(r[0], r[2]) for r in rows[1:]] == [("organization", "Acme"), ("redone", "redone"), ("idle", "idle")]
     assert sum(float(r[3]) for r in rows[1:]) == pytest.approx(capacity)  # every device-hour accounted once
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_sums_the_ledgers_already_there(tenant):
+    """Upgrading keeps every job's savings: ``billing/0005`` sums the usage rows already stored into
+    the jobs' ledger totals, as the ingest would have."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    from billing.selectors import job_savings
+    from engine.metering import savings_of_rows
+
+    job = make_job(tenant, name="old")
+    rows = [{"seq": s, "call": s // 2, "role": "policy", "fn": "generate" if s % 3 else "sync_weights",
+             "wpg": "w", "devices": 1.0, "start": 10.0 * s, "end": 10.0 * s + 4, "setup_s": 0.5, "queued_s": 1.0,
+             "device_seconds": 4.0, "redone": s in (5, 6)} for s in range(1, 10)]
+    executor = MigrationExecutor(connection)
+    executor.migrate([("billing", "0004_usageentry_redone")])
+    old_state = executor.loader.project_state([("billing", "0004_usageentry_redone")]).apps
+    OldUsage = old_state.get_model("billing", "UsageEntry")
+    OldUsage.objects.bulk_create([OldUsage(organization_id=tenant.organization.pk, job_id=job.pk, **r) for r in rows])
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(executor.loader.graph.leaf_nodes())
+
+    job.refresh_from_db()
+    expected = savings_of_rows([r for r in rows if not r["redone"]], job.reserved_devices, job.deployment_mode)
+    got = job_savings(job=job)
+    assert {k: got[k] for k in expected} == expected
+    assert got["redone_device_hours"] == pytest.approx(8.0 / 3600)

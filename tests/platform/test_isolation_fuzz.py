@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 
 from accounts import services as accounts_services
 from billing.models import UsageEntry
+from billing.services import usage_totals_refresh
 from config.wsgi import application
 from jobs.models import Dataset, Job, JobMetric, JobState
 from tests.platform.conftest import make_tenant
@@ -51,6 +52,7 @@ def _seed() -> str:
         UsageEntry.objects.create(job=job, organization=tenant.organization, seq=2, call=1, role="policy",
                                   fn="generate", wpg=f"{name}-wpg", devices=1, start=1.0, end=2.0,
                                   device_seconds=1.0)
+        usage_totals_refresh(job_id=job.pk)  # as the event ingest keeps them
         Dataset.objects.create(organization=tenant.organization, created_by=tenant.member, name=f"{name}-data",
                                size_bytes=10, problems=1, path=f"/srv/datasets/{name}.jsonl")
         accounts_services.token_create(user=tenant.viewer, organization=tenant.organization, name=f"{name}-token")

@@ -196,3 +196,45 @@ def test_quota_usage_reports_the_overrun_past_the_budget(org, mid_month):
     # the call running as the budget ran out ends: one device-hour, half of it past the budget
     services.ingest_events(job=job, events=[usage(2, 2, mid_month - 1800, mid_month, devices=2.0)])
     assert quota_usage(organization=organization)["over_budget_device_hours"] == 0.5
+
+
+@pytest.mark.parametrize("mode", ["isolated_split", "async_split", "colocated"])
+def test_the_kept_ledger_totals_give_the_savings_the_rows_give(org, mode):
+    """The savings read from a job's ledger totals (kept by the ingest) equal ``savings_of_rows`` of
+    its billed rows, after pulls in pieces, a recovery that marks rows redone, and a replayed pull;
+    the organization's report shows the same figures."""
+    import random
+
+    from billing.models import UsageEntry
+    from billing.selectors import savings_of
+    from engine.metering import savings_of_rows
+
+    organization, owner = org
+    job = services.job_create(organization=organization, user=owner, spec=SPEC, rollout_devices=2,
+                              train_devices=3, deployment_mode=mode)
+    rng, events, t = random.Random(7), [], 100.0
+    fns = ("generate", "forward", "forward_backward", "optim_step", "sync_weights")
+    for seq in range(1, 61):
+        if seq == 40:  # resumed from the checkpoint logged at seq 25: what came after it is redone
+            events.append({"seq": seq, "kind": "recovery", "ts": t, "data": {"redone_after_seq": 25}})
+            continue
+        start = t + rng.uniform(0, 2)
+        end = start + rng.uniform(0.1, 5)
+        fn = rng.choice(fns)
+        call = seq // 2 if fn == "sync_weights" else 1000 + seq  # a sync is one call with two rows
+        events.append(usage(seq, call, start, end, devices=rng.choice([1.0, 2.0]), queued=rng.uniform(0, 1),
+                            setup=rng.uniform(0, 0.1), wpg=rng.choice("rt"), fn=fn))
+        t = end
+    # the recovery comes alone in a pull; the last pull replays every event
+    for lo, hi in ((0, 10), (10, 39), (39, 40), (40, 60), (0, 60)):
+        services.ingest_events(job=job, events=events[lo:hi])
+        job = Job.objects.select_related("usage_totals").get(pk=job.pk)
+        rows = list(UsageEntry.objects.filter(job=job).order_by("seq").values())
+        expected = savings_of_rows([r for r in rows if not r["redone"]], 5, mode)
+        got = job_savings(job=job)
+        assert {k: got[k] for k in expected} == expected, hi  # exactly: the same sums in the same order
+        redone = sum(r["device_seconds"] for r in rows if r["redone"]) / 3600
+        assert got["redone_device_hours"] == pytest.approx(redone)
+    assert sum(r["redone"] for r in rows) == 14  # seqs 26-39
+    [row] = savings_of(organization=organization)["jobs"]
+    assert {k: row[k] for k in got} == got
