@@ -10,7 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accounts import selectors
-from accounts.api import StrictFieldsMixin
+from accounts.api import ModelSerializer, StrictFieldsMixin
 from accounts.models import TOKEN_MAX_DAYS, ApiToken, AuditLog, Membership, Organization, Quota, Role, User
 
 
@@ -75,7 +75,7 @@ class ObtainTokenSerializer(TokenCreateSerializer):
         return attrs
 
 
-class TokenSerializer(serializers.ModelSerializer):
+class TokenSerializer(ModelSerializer):
     """A token in lists: never its plaintext or digest."""
 
     user = serializers.CharField(source="user.username", read_only=True)
@@ -120,7 +120,7 @@ class WebsocketTicketSerializer(serializers.Serializer):
 # --- organizations and members --------------------------------------------------------------------
 
 
-class OrganizationSerializer(serializers.ModelSerializer):
+class OrganizationSerializer(ModelSerializer):
     """An organization as one of yours: with your role and whether it is the current one."""
 
     role = serializers.ChoiceField(choices=Role.choices, read_only=True, allow_null=True)
@@ -144,7 +144,7 @@ class OrganizationCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     owner = _username_field(help_text="Username of the first owner.")
 
 
-class MemberSerializer(serializers.ModelSerializer):
+class MemberSerializer(ModelSerializer):
     """A member of the current organization."""
 
     user_id = serializers.IntegerField(source="user.pk", read_only=True)
@@ -193,7 +193,7 @@ class QuotaUsageSerializer(serializers.Serializer):
     concurrent_jobs = serializers.IntegerField(read_only=True, allow_null=True)
 
 
-class QuotaSerializer(serializers.ModelSerializer):
+class QuotaSerializer(ModelSerializer):
     """The current organization's quota (null limits: unlimited) and its use."""
 
     device_hours_per_month = serializers.DecimalField(read_only=True, **_HOURS)
@@ -216,7 +216,7 @@ class QuotaSerializer(serializers.ModelSerializer):
         return QuotaUsageSerializer(self.context["usage"]).data
 
 
-class AuditLogSerializer(serializers.ModelSerializer):
+class AuditLogSerializer(ModelSerializer):
     """One audit row; ``actor`` is null for the system."""
 
     actor = serializers.CharField(source="actor.username", read_only=True, allow_null=True, default=None)

@@ -3,6 +3,7 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from accounts.api import ModelSerializer
 from billing.models import UsageEntry
 from jobs.models import JobState
 
@@ -15,7 +16,7 @@ class UsageFilterSerializer(serializers.Serializer):
     )
 
 
-class UsageEntrySerializer(serializers.ModelSerializer):
+class UsageEntrySerializer(ModelSerializer):
     """One metered call on one WPG: ``devices`` held from ``start`` to ``end`` (Unix seconds)."""
 
     class Meta:

@@ -2,7 +2,7 @@
 
 from rest_framework import serializers
 
-from accounts.api import StrictFieldsMixin
+from accounts.api import ModelSerializer, StrictFieldsMixin
 from jobs.cluster import TIMELINE_MAX_WINDOW_S, TIMELINE_WINDOW_S
 from jobs.models import Dataset, JobState
 
@@ -16,7 +16,7 @@ class DatasetUploadSerializer(StrictFieldsMixin, serializers.Serializer):
     file = serializers.FileField(help_text="JSONL: one {\"prompt\": ..., \"answer\": ...} object a line.")
 
 
-class DatasetSerializer(serializers.ModelSerializer):
+class DatasetSerializer(ModelSerializer):
     """A dataset; a job trains on it with ``{"task": "dataset", "dataset": <id>, "model": ...}``."""
 
     created_by = serializers.CharField(source="created_by.username", read_only=True, allow_null=True, default=None)

@@ -8,7 +8,7 @@ back as field errors named ``spec.<field>``.
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from accounts.api import StrictFieldsMixin
+from accounts.api import ModelSerializer, StrictFieldsMixin
 from billing.selectors import job_savings
 from billing.serializers import SavingsFiguresSerializer
 from jobs.models import DeploymentMode, Job, JobEvent, JobMetric, JobState
@@ -89,7 +89,7 @@ class EstimateSerializer(serializers.Serializer):
                                     "job of the same shape; 'model': the calibrated cost model.")
 
 
-class JobSerializer(serializers.ModelSerializer):
+class JobSerializer(ModelSerializer):
     """A job in a list (no spec, no savings)."""
 
     created_by = serializers.CharField(source="created_by.username", read_only=True, allow_null=True, default=None)
@@ -114,6 +114,9 @@ class JobSerializer(serializers.ModelSerializer):
             "last_step",
         )
         read_only_fields = fields
+
+    # the columns a list of them reads (``QuerySet.only``): the fields above, the creator's name
+    COLUMNS = (*(f for f in Meta.fields if f not in ("created_by", "last_step")), "created_by__username")
 
 
 class JobDetailSerializer(JobSerializer):
@@ -141,14 +144,14 @@ class JobDetailSerializer(JobSerializer):
         return SavingsSerializer(job_savings(job=obj)).data
 
 
-class JobMetricSerializer(serializers.ModelSerializer):
+class JobMetricSerializer(ModelSerializer):
     class Meta:
         model = JobMetric
         fields = ("step", "data")
         read_only_fields = fields
 
 
-class JobEventSerializer(serializers.ModelSerializer):
+class JobEventSerializer(ModelSerializer):
     class Meta:
         model = JobEvent
         fields = ("seq", "kind", "data", "ts")

@@ -65,7 +65,8 @@ class JobListCreateView(OrgGenericAPIView):
     def get_queryset(self) -> QuerySet[Job]:
         filters = JobFilterSerializer(data=self.request.query_params)
         filters.is_valid(raise_exception=True)
-        return selectors.jobs_of(organization=self.request.organization, **filters.validated_data)
+        jobs = selectors.jobs_of(organization=self.request.organization, **filters.validated_data)
+        return jobs.only(*JobSerializer.COLUMNS)  # not the spec and estimate (JSON to parse) of each job
 
     @extend_schema(summary="List jobs", parameters=[JobFilterSerializer], responses=JobSerializer(many=True))
     def get(self, request: Request) -> Response:

@@ -61,3 +61,42 @@ def test_every_api_view_resolves_the_organization():
     assert len(views) >= 8
     unscoped = [route for route, view in views if not issubclass(view, OrganizationScopedMixin)]
     assert unscoped == [route for route, view in views if view in UNSCOPED_API_VIEWS]
+
+
+def _subclasses(cls):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def test_every_model_serializer_of_the_apps_works_out_its_fields_once():
+    """Each app's model serializer derives from ``accounts.api.ModelSerializer``: the model is
+    inspected for the first instance of a class only, and every instance still gets fields of its own."""
+    from unittest import mock
+
+    from rest_framework import serializers
+
+    import accounts.serializers
+    import billing.serializers
+    import jobs.resource_serializers
+    import jobs.serializers
+    from accounts.api import ModelSerializer
+    from jobs.models import Job
+
+    apps = (accounts.serializers, billing.serializers, jobs.serializers, jobs.resource_serializers)
+    ours = [c for c in _subclasses(serializers.ModelSerializer) if c.__module__ in {m.__name__ for m in apps}]
+    assert ours
+    assert [c.__name__ for c in ours if not issubclass(c, ModelSerializer)] == []
+
+    class Probe(ModelSerializer):
+        class Meta:
+            model = Job
+            fields = ("id", "name", "state")
+
+    with mock.patch.object(serializers.ModelSerializer, "get_fields", autospec=True,
+                           side_effect=serializers.ModelSerializer.get_fields) as inspect:
+        first, second = Probe(Job(name="a")), Probe(Job(name="b"))
+        assert (first.data["name"], second.data["name"]) == ("a", "b")
+    assert inspect.call_count == 1
+    assert first.fields["name"] is not second.fields["name"]
+    assert first.fields["name"].parent is first
