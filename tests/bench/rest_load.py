@@ -34,7 +34,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from rest_setup import WEB_SERVER, Fixture, bench_env, create_database, drop_database, web_server
+from rest_setup import (
+    WEB_SERVER,
+    Fixture,
+    WebServer,
+    bench_env,
+    create_database,
+    drop_database,
+    postgres_cpu_seconds,
+    web_server,
+)
 
 DB = "plexrl_bench_load"
 
@@ -155,6 +164,11 @@ def run_load(client: Client, ids: list[int], *, rate: float, seconds: float, con
     return samples, lag
 
 
+def cpu_seconds(server: WebServer) -> dict[str, float]:
+    """CPU time so far of the web server, PostgreSQL and this process (the load generator)."""
+    return {"server": server.cpu_seconds(), "postgres": postgres_cpu_seconds(), "generator": time.process_time()}
+
+
 def warm_up(client: Client, ids: list[int], *, rounds: int) -> None:
     """Each endpoint of the mix ``rounds`` times, one at a time: lazy imports and first queries
     happen before the measurement, not in it."""
@@ -186,18 +200,20 @@ def _stats(samples: list[Sample]) -> dict[str, Any]:
 
 
 def summarize(samples: list[Sample], *, rate: float, seconds: float, lag: float, jobs: int,
-              server_cpu_s: float) -> dict[str, Any]:
+              cpu_s: dict[str, float]) -> dict[str, Any]:
     """The result: overall and per-endpoint statistics, the rate the server kept up with (answers,
     of any status, per second from the first due time to the last answer) and the web server's
     CPU time per answer (its processes' user + system time over the run: unlike latency, it hardly
-    depends on what else the machine runs)."""
+    depends on what else the machine runs), and the same for PostgreSQL and this load generator:
+    together, where the machine's cores went."""
     answered = [s for s in samples if s.status.isdigit()]
     span = max(s.done_at for s in answered) - min(s.done_at - s.latency_s for s in samples) if answered else 0.0
     return {
         "target_rate": rate, "seconds": seconds, "jobs": jobs,
         "achieved_rate": round(len(answered) / span, 1) if span > 0 else 0.0,
         "generator_max_lag_ms": round(1000 * lag, 1),
-        "server_cpu_ms_per_answer": round(1000 * server_cpu_s / len(answered), 2) if answered else math.nan,
+        **{f"{who}_cpu_ms_per_answer": round(1000 * seconds / len(answered), 2) if answered else math.nan
+           for who, seconds in cpu_s.items()},
         "server": f"{WEB_SERVER}, DEBUG off, PostgreSQL",
         "overall": _stats(samples),
         "endpoints": {e.name: _stats([s for s in samples if s.endpoint == e.name]) for e in MIX},
@@ -220,7 +236,9 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"target {result['target_rate']:g}/s for {result['seconds']:g} s: achieved {result['achieved_rate']}/s; "
           f"{o['5xx']} 5xx, {o['timeouts']} timeouts, {o['errors']} connection errors; status {o['status']}; "
           f"generator lag max {result['generator_max_lag_ms']} ms")
-    print(f"server CPU {result['server_cpu_ms_per_answer']} ms per answer; {result['server']}")
+    print(f"CPU per answer: server {result['server_cpu_ms_per_answer']} ms, PostgreSQL "
+          f"{result['postgres_cpu_ms_per_answer']} ms, load generator {result['generator_cpu_ms_per_answer']} ms; "
+          f"{result['server']}")
 
 
 def main() -> int:
@@ -243,13 +261,13 @@ def main() -> int:
         with web_server(env, log=args.server_log) as server:
             client = Client(server.url, fixture.token, args.timeout)
             warm_up(client, fixture.job_ids, rounds=args.warmup)
-            cpu = server.cpu_seconds()
+            before = cpu_seconds(server)
             samples, lag = run_load(client, fixture.job_ids, rate=args.rate, seconds=args.seconds,
                                     connections=args.connections)
-            cpu = server.cpu_seconds() - cpu
+            used = {who: seconds - before[who] for who, seconds in cpu_seconds(server).items()}
     finally:
         drop_database(DB)
-    result = summarize(samples, rate=args.rate, seconds=args.seconds, lag=lag, jobs=args.jobs, server_cpu_s=cpu)
+    result = summarize(samples, rate=args.rate, seconds=args.seconds, lag=lag, jobs=args.jobs, cpu_s=used)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -143,6 +143,18 @@ class WebServer:
         return total
 
 
+def postgres_cpu_seconds() -> float:
+    """CPU time (user + system) of the PostgreSQL server's processes so far (0 when they cannot be
+    read: another user's processes, where this does not run as root or postgres)."""
+    import psutil
+
+    total = 0.0
+    for proc in psutil.process_iter(["name", "cpu_times"]):
+        if (proc.info["name"] or "").startswith(("postgres", "postmaster")) and proc.info["cpu_times"]:
+            total += proc.info["cpu_times"].user + proc.info["cpu_times"].system
+    return total
+
+
 @contextlib.contextmanager
 def web_server(env: dict[str, str], log: Path | None = None) -> Iterator[WebServer]:
     """The production web command serving ``env``'s database on a free port; yields it once

@@ -109,3 +109,25 @@ def test_a_celery_child_process_opens_a_pool_of_its_own_and_pooled_connections_a
     assert result.returncode == 0, result.stderr
     # checked as taken: one a PostgreSQL restart broke is replaced, not handed to a request
     assert result.stdout.split()[-3:] == ["True", "True", "True"]
+
+
+# Run by manage.py shell: one parameterised read three times on a pooled connection, then the
+# statements PostgreSQL holds prepared for that connection.
+_PREPARED = """
+from django.db import connection
+for n in range(3):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_class WHERE relpages > %s", [n])
+with connection.cursor() as cursor:
+    cursor.execute("SELECT statement FROM pg_prepared_statements")
+    print(sum("relpages" in row[0] for row in cursor.fetchall()))
+"""
+
+
+def test_postgresql_plans_a_repeated_read_once_per_connection(manage):
+    """Parameters are bound by the server and a statement run twice on a connection is prepared:
+    PostgreSQL stops parsing and planning the reads every request makes."""
+    env = {"DATABASE_URL": "postgres://postgres@127.0.0.1:5432/postgres"}
+    result = manage("shell", "-c", _PREPARED, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "1"
