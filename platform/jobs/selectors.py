@@ -30,6 +30,12 @@ def job_get(*, organization: Organization, pk: int) -> Job:
     return get_object_or_404(jobs_of(organization=organization).select_related("usage_totals"), pk=pk)
 
 
+def job_row(*, organization: Organization, pk: int) -> Job:
+    """One of the organization's jobs, its own columns only: the parent a request for its metrics,
+    events, artifacts or an action checks (no annotations to compile and join); 404 for any other."""
+    return get_object_or_404(Job.objects.filter(organization=organization), pk=pk)
+
+
 def active_jobs_count(*, organization: Organization) -> int:
     """How many of the organization's jobs count against ``max_concurrent_jobs``."""
     return Job.objects.filter(organization=organization, state__in=ACTIVE_STATES).count()

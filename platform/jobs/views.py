@@ -108,7 +108,7 @@ class JobView(OrgGenericAPIView):
     """Base of the views of one job (``jobs/{job_id}/...``)."""
 
     def get_object(self) -> Job:
-        return selectors.job_get(organization=self.request.organization, pk=self.kwargs["job_id"])
+        return selectors.job_row(organization=self.request.organization, pk=self.kwargs["job_id"])
 
     def get_acted_on(self) -> Job:
         """The job, for an action: members act on their own jobs, admins and owners on anyone's."""
@@ -135,6 +135,9 @@ class JobDetailView(JobView):
 
     required_roles = role_map(GET=Role.VIEWER)
     serializer_class = JobDetailSerializer
+
+    def get_object(self) -> Job:
+        return selectors.job_get(organization=self.request.organization, pk=self.kwargs["job_id"])
 
     @extend_schema(summary="Show a job")
     def get(self, request: Request, job_id: int) -> Response:
