@@ -30,6 +30,7 @@ class ModelColumns:
     def __init__(self, model: type[Model], alias: str):
         self.model, self.alias = model, alias
         self.fields: tuple[Field, ...] = tuple(model._meta.concrete_fields)
+        self.attnames = [f.attname for f in self.fields]
         self.width = len(self.fields)
         self._converters: dict[str, list[tuple[int, Converter, Field]]] = {}  # {connection alias: ...}
 
@@ -54,7 +55,7 @@ class ModelColumns:
         values = list(values)
         for i, convert, column in self.converters(connection):
             values[i] = convert(values[i], column, connection)
-        return self.model.from_db(connection.alias, [f.attname for f in self.fields], values)
+        return self.model.from_db(connection.alias, self.attnames, values)
 
 
 def fetch_one(sql: str, params: Sequence[Any], using: str = "default") -> tuple[Any, ...] | None:

@@ -10,7 +10,11 @@ does that work again, and the tenant pays for it once.
 
 from __future__ import annotations
 
+import dataclasses
+
 from django.db import models
+
+from engine.metering import LedgerTotals
 
 BILLED = models.Q(redone=False)  # the rows the tenant pays for: all but work a recovery redid
 
@@ -66,7 +70,8 @@ class JobUsageTotals(models.Model):
     train_busy_s = models.FloatField(default=0.0)
     redone_device_seconds = models.FloatField(default=0.0)
 
-    TOTALS = ("rows", "device_seconds", "span_s", "shared_s", "rollout_busy_s", "train_busy_s")  # LedgerTotals'
+    TOTALS = tuple(f.name for f in dataclasses.fields(LedgerTotals))  # the columns of the billed rows' totals
+    FIELDS = (*TOTALS, "redone_device_seconds")  # every column but the job
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.device_seconds:g} device-s in {self.rows} rows"

@@ -79,7 +79,7 @@ def _totals_of(job: Job) -> dict[str, Any]:
         totals = job.usage_totals  # selected with the job by ``jobs.selectors``, else one query
     except JobUsageTotals.DoesNotExist:
         return _NO_USAGE
-    return {name: getattr(totals, name) for name in (*JobUsageTotals.TOTALS, "redone_device_seconds")}
+    return {name: getattr(totals, name) for name in JobUsageTotals.FIELDS}
 
 
 def job_savings(*, job: Any) -> dict[str, Any]:
@@ -103,7 +103,7 @@ def usage_of(*, organization: Organization, job: int | None = None) -> QuerySet[
     return entries.order_by("job_id", "seq")
 
 
-_TOTALS_COLUMNS = {f"usage_totals__{name}": name for name in (*JobUsageTotals.TOTALS, "redone_device_seconds")}
+_TOTALS_COLUMNS = {f"usage_totals__{name}": name for name in JobUsageTotals.FIELDS}
 
 
 def savings_of(*, organization: Organization) -> dict[str, Any]:
