@@ -40,7 +40,7 @@ demo: install
 
 lint: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/lint-imports
+	PYTHONPATH=platform:. $(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -6,11 +6,11 @@ import sys
 
 
 def main() -> None:
-    # Run as a script, sys.path[0] is this file's folder (the repo root), so plexrl imports even
+    # Run as a script, sys.path[0] is this file's folder (the repo root), so platform_path imports even
     # without an install.
-    import plexrl
+    import platform_path
 
-    plexrl.add_platform_to_path()
+    platform_path.add_platform_to_path()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     from django.core.management import execute_from_command_line
 

@@ -1,23 +1,9 @@
-"""PlexRL's top-level entry points: the ``plexrl`` command and the ``platform/`` path helper."""
+"""The ``plexrl`` command: the engine's and the platform's subcommands, and ``up`` / ``demo``."""
 
 import argparse
 import sys
-from pathlib import Path
 
-PLATFORM_DIR = Path(__file__).resolve().parent / "platform"
-
-
-def add_platform_to_path() -> Path:
-    """Put ``platform/`` (the Django source root) first on ``sys.path``; idempotent.
-
-    Called by ``manage.py``, ``config.asgi`` and ``config.wsgi`` before Django starts, so the apps
-    import as ``accounts``, ``jobs``, ``billing`` and ``config``. ``platform/`` has no
-    ``__init__.py``: it must never become importable as ``platform``, which is a stdlib module.
-    """
-    # The absolute path, even when a relative entry (the working directory) already reaches it.
-    if str(PLATFORM_DIR) not in sys.path:
-        sys.path.insert(0, str(PLATFORM_DIR))
-    return PLATFORM_DIR
+from platform_path import add_platform_to_path
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,8 +15,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.cli import add_engine_commands
-    from engine.platform_cli import add_platform_commands
+    from engine.cli.engine_commands import add_engine_commands
+    from engine.cli.platform_commands import add_platform_commands
 
     parser = _Parser(prog="plexrl", description="PlexRL: multiplexed RLVR training.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -88,7 +74,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.cli import run
+    from engine.cli.engine_commands import run
 
     args = build_parser().parse_args(argv)
     return run(args)

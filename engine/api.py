@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # tensors cross the API, but its names and checks must import without torch
+    import torch
 
 ROLES = ("policy", "reference")
 FUNCTIONS = (
@@ -21,6 +22,9 @@ FUNCTIONS = (
     "save_checkpoint",
     "load_checkpoint",
 )
+# Which side of a deployment serves each function: its trainer, or (a policy's) rollout copy.
+TRAIN_FUNCTIONS = frozenset({"forward", "forward_backward", "optim_step", "save_checkpoint", "load_checkpoint"})
+ROLLOUT_FUNCTIONS = frozenset({"generate", "sync_weights"})
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ class Batch:
     def select(self, rows: list[int]) -> Batch:
         """The sub-batch of ``rows`` (loss tensors trimmed to its own longest completion)."""
         t = max(len(self.completions[i]) for i in rows) if rows else 0
+        import torch
+
         index = torch.as_tensor(rows, dtype=torch.long)
 
         def take(x: torch.Tensor | None, per_token: bool) -> torch.Tensor | None:

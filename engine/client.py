@@ -16,7 +16,7 @@ import json
 import shutil
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from engine.api import (
     ROLES,
@@ -28,10 +28,9 @@ from engine.api import (
     SamplingParams,
 )
 from engine.errors import SpecError
-from engine.eventlog import EventLog
 from engine.models import resolve_model
-from engine.router import Future, Router, UsageSink
-from engine.tokenizer import load_tokenizer
+from engine.scheduler.router import Future, Router, UsageSink
+from engine.workers.tokenizer import load_tokenizer
 
 __all__ = [
     "Batch",
@@ -45,6 +44,13 @@ __all__ = [
     "SamplingParams",
     "SpecError",
 ]
+
+
+class EventSink(Protocol):
+    """Where a client appends its job's events: the job's ``EventLog`` (``engine.service.eventlog``),
+    which the service that runs the job hands in."""
+
+    def append(self, kind: str, data: dict[str, Any], *, durable: bool = False) -> int: ...
 
 
 @lru_cache(maxsize=16)
@@ -95,7 +101,7 @@ class Client:
     steps since its checkpoint: each is logged once, and a replayed step that comes out different
     is reported in the log). ``checkpoint``: the path of the job's checkpoint it resumed from."""
 
-    def __init__(self, router: Router, events: EventLog | None = None, *,
+    def __init__(self, router: Router, events: EventSink | None = None, *,
                  logged: dict[int, dict[str, Any]] | None = None, checkpoint: str | None = None):
         self._router = router
         self._events = events

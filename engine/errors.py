@@ -19,8 +19,24 @@ class SpecError(EngineError, ValueError):
         return type(self), (self.field, self.message)
 
 
+class CliError(EngineError):
+    """Bad command-line input; reported as one line with exit status 2."""
+
+
+class DatasetError(ValueError):
+    """A dataset file is not usable; the message names the line (``line 7: ...``) when it can."""
+
+
 class ModelNotFound(EngineError):
     """A model preset or directory does not exist or is not a usable Hugging Face model."""
+
+
+class UnknownService(LookupError):
+    """The Ray cluster runs no engine service (``plexrl engine start`` starts one)."""
+
+
+class UnknownJob(KeyError):
+    """No job with that id was ever submitted to this engine."""
 
 
 class EngineFault(RuntimeError):
@@ -34,7 +50,7 @@ def is_engine_fault(exc: BaseException) -> bool:
     job itself went wrong (it fails): an ``EngineFault``, a dead Ray actor, a broken scheduler socket."""
     from ray.exceptions import RayActorError
 
-    from engine.wire import Closed
+    from engine.support.wire import Closed
 
     return isinstance(exc, (EngineFault, RayActorError, Closed))
 

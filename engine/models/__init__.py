@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.errors import ModelNotFound
+from engine.models.presets import TINY_ARITH, TINY_ARITH_TOOLS
 from engine.paths import models_dir
-
-from .tiny import TINY_ARITH, TINY_ARITH_TOOLS, build_preset
 
 PRESETS = {p.name: p for p in (TINY_ARITH, TINY_ARITH_TOOLS)}
 
@@ -27,6 +26,8 @@ def resolve_model(name_or_path: str, *, build_missing: bool = True, progress: bo
         if not is_model_dir(path):
             if not build_missing:
                 raise ModelNotFound(f"preset {name_or_path!r} is not built; run `plexrl models build {name_or_path}`")
+            from engine.models.tiny import build_preset  # torch: only when a preset is built
+
             build_preset(PRESETS[name_or_path], path, progress=progress)
         return path
     path = Path(name_or_path).expanduser()

@@ -17,47 +17,20 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from engine.api import SamplingParams
-from engine.rl.rewards import score_answers
-from engine.rl.tasks import ArithToolsTask, Problem, eval_problems, sample_problems
+from engine.models.presets import TinyPreset
+from engine.tasks.arithmetic import ArithToolsTask, Problem, eval_problems, sample_problems
+from engine.tasks.rewards import score_answers
 from engine.workers.sampling import generate
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 BUILD_INFO = "plexrl_build.json"
-
-
-@dataclass(frozen=True)
-class TinyPreset:
-    name: str
-    hidden_size: int = 64
-    intermediate_size: int = 256
-    num_layers: int = 4
-    num_heads: int = 2
-    num_kv_heads: int = 2
-    head_dim: int = 32  # vLLM's CPU attention rejects 16
-    max_positions: int = 64
-    sft_steps: int = 1200
-    sft_batch: int = 128
-    sft_lr: float = 2e-3
-    sft_warmup: float = 0.05
-    sft_decay: float = 0.05  # final fraction of steps over which the rate falls linearly to zero
-    sft_weight_decay: float = 0.1  # keeps the annealed base stable under RL learning rates
-    seed: int = 0
-    eval_size: int = 500
-    threads: int = 2
-    # Share of supervised examples that call the calculator ([expression] then its result); 0: none,
-    # and the tokenizer has no tool tokens. Half: the base calls it for some problems, not others.
-    tool_fraction: float = 0.0
-
-
-TINY_ARITH = TinyPreset(name="tiny-arith")
-TINY_ARITH_TOOLS = TinyPreset(name="tiny-arith-tools", sft_steps=600, tool_fraction=0.35)
 
 
 def train_tokenizer(problems: list[Problem], extra: str = ""):
@@ -78,7 +51,7 @@ def train_tokenizer(problems: list[Problem], extra: str = ""):
 
 
 def _tool_characters() -> str:
-    from engine.rl.tools import CALL_CLOSE, CALL_OPEN, ERROR_MARKER
+    from engine.tasks.tools import CALL_CLOSE, CALL_OPEN, ERROR_MARKER
 
     return CALL_OPEN + CALL_CLOSE + ERROR_MARKER
 
@@ -126,7 +99,7 @@ def _sft_batch(tokenizer, problems: list[Problem], tools: list[bool] | None = No
     EOS, or where ``tools[i]`` the call ``[expression]`` and EOS (the result after it is the
     environment's, only context). A step's texts are encoded in one tokenizer call: one call per
     text cost a fifth of a preset's build time."""
-    from engine.rl.tools import CALL_CLOSE, CALL_OPEN
+    from engine.tasks.tools import CALL_CLOSE, CALL_OPEN
 
     uses_tool = [bool(tools and tools[i]) for i in range(len(problems))]
     texts = [p.prompt for p in problems] + [p.answer for p in problems]
@@ -157,7 +130,7 @@ def greedy_eval(model, tokenizer, problems: list[Problem], max_tokens: int = 8, 
                 tools: bool = False) -> dict[str, float]:
     """Held-out greedy accuracy and well-formed share; with ``tools``, answers may call the
     calculator (without its latency) and the calls per answer are reported too."""
-    from engine.rl.tools import ToolConfig, ToolProtocol, rollout
+    from engine.tasks.tools import ToolConfig, ToolProtocol, rollout
 
     model.eval()
     prompts = [tokenizer.encode(p.prompt) for p in problems]
@@ -176,7 +149,7 @@ def greedy_eval(model, tokenizer, problems: list[Problem], max_tokens: int = 8, 
 
 def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False) -> dict:
     """Build the preset deterministically into ``out`` (atomically: a half-built folder never shows)."""
-    from tqdm import tqdm
+    from engine.support.progress import progress_bar
 
     torch.set_num_threads(preset.threads)
     started = time.perf_counter()
@@ -191,7 +164,7 @@ def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False) -> di
     opt = torch.optim.AdamW(model.parameters(), lr=preset.sft_lr, betas=(0.9, 0.98),
                             weight_decay=preset.sft_weight_decay)
     model.train()
-    bar = tqdm(range(preset.sft_steps), desc=f"build {preset.name}", disable=not progress, unit="step")
+    bar = progress_bar(range(preset.sft_steps), desc=f"build {preset.name}", enabled=progress, unit="step")
     loss_value = float("nan")
     for step in bar:
         for group in opt.param_groups:

@@ -1,1 +1,1 @@
-"""Algorithm code (GRPO), tasks and rewards. Uses only the function API in ``engine.client``."""
+"""Algorithm code (GRPO). Uses only the function API (``engine.client``), its spec and the tasks."""

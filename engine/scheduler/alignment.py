@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from engine.scheduler.placement import ROLLOUT_FUNCTIONS
+from engine.api import ROLLOUT_FUNCTIONS
 from engine.scheduler.resources import (
     Candidate,
     Horizon,

@@ -3,9 +3,9 @@
 Pure and deterministic: every input (a call submitted, a call completed, a job paused, a switch
 cost measured) comes in as an event carrying the time from an injected clock, and ``decide(now)``
 returns what to run next. There is no Ray, no thread and no wall clock here; the live engine
-(``engine.scheduler.service``) applies the decisions to worker groups, the simulator to its model.
+(``engine.scheduler.live``) applies the decisions to worker groups, the simulator to its model.
 
-Rules (DESIGN section 4):
+Rules (docs/architecture.md §4):
 
 - A WPG runs one call at a time (time-slicing at call granularity). A call may need several WPGs
   at once (``sync_weights`` from a training WPG into a rollout WPG): it gets all of them or waits.
@@ -42,7 +42,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from engine.metering import UsageRecord
+from engine.accounting.metering import UsageRecord
 from engine.scheduler.alignment import Aligner
 
 Deployment = tuple[str, str]  # (job, role)

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-TRAIN_FUNCTIONS = frozenset({"forward", "forward_backward", "optim_step", "save_checkpoint", "load_checkpoint"})
-ROLLOUT_FUNCTIONS = frozenset({"generate", "sync_weights"})
+from engine.api import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
 
 # What each side of a role needs its WPG to serve (the reference has no rollout side).
 ROLE_FUNCTIONS: Mapping[str, tuple[frozenset[str], frozenset[str] | None]] = {

@@ -1,4 +1,4 @@
-"""The scheduler's resource model and placement: pure functions of explicit state (DESIGN section 4).
+"""The scheduler's resource model and placement: pure functions of explicit state (docs/architecture.md §4).
 
 No Ray, no wall clock, no randomness: every time is an argument, so the live engine and the
 simulator run the same code.
@@ -602,7 +602,7 @@ def _offsets(period_s: float, step_s: float) -> list[float]:
 def micro_shift(demand: JobDemand, candidates: Iterable[Candidate], *, offset_step_s: float) -> Shift:
     """The node group and phase offset whose idle windows the job's demand fills best.
 
-    Objective (DESIGN section 4), lexicographic over every candidate group that can host the job
+    Objective (docs/architecture.md §4), lexicographic over every candidate group that can host the job
     and every offset 0, step, 2·step, ... < the job's period: least overflow with the job added,
     then the least peak, then a group that already holds the job's base model, then group name,
     then the smaller offset. Raises LookupError when no group can host the job.

@@ -1,1 +1,1 @@
-"""Trace-driven cluster simulator on the live scheduler\x27s code (DESIGN section 4, Simulator)."""
+"""Trace-driven cluster simulator on the live scheduler's code (docs/architecture.md §3)."""

@@ -1,6 +1,6 @@
 """Run every deployment mode on the same jobs and report cost, completion and utilisation.
 
-Billing is ``engine.metering``'s: device-seconds of usage records (a dedicated job's reservation,
+Billing is ``engine.accounting.metering``'s: device-seconds of usage records (a dedicated job's reservation,
 a shared job's calls with their switch time). The work floor comes from the workload's draws
 (``StepPlan.work_floor_device_s``), not from any run.
 """
@@ -17,7 +17,7 @@ import numpy as np
 from engine.sim.simulate import ADMIT_LOAD, MODES, SHARED_MODES, Busy, ModeResult, run_mode, summarise
 from engine.sim.workload import Job, Workload, plan_all
 
-# The paper's figures the report sits beside (WORKLOADS.md, "The paper's own setting").
+# The paper's figures the report sits beside (docs/workloads.md, "The paper's own setting").
 PAPER = {
     "cost_vs_async_split": "-31.36 % ... -37.58 %",
     "completion_vs_isolated": "56.0 %",

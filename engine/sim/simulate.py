@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from engine.collector import collector_paused
-from engine.metering import UsageRecord, device_seconds
+from engine.accounting.metering import UsageRecord, device_seconds
 from engine.scheduler.core import STEP, Dispatch, Policy, Scheduler
 from engine.scheduler.placement import assign_wpgs
 from engine.sim.workload import ModelClass, StepPlan, Workload, isolated_step_mean_s
+from engine.support.collector import collector_paused
 
 MODES = ("isolated_split", "colocated", "async_split", "plexrl", "plexrl_backfill")
 SHARED_MODES = ("plexrl", "plexrl_backfill")
@@ -381,83 +381,141 @@ def run_pools(mode: str, pools: list[Pool], jobs: list[SimJob], *, admit_load: f
     through the pool's scheduler core. ``spread``: admit into the pool that stays least loaded and
     let later jobs of other classes pass a job that waits (backfill); else first come, first
     served into the first pool that fits."""
-    by_class: dict[str, list[Pool]] = defaultdict(list)
-    for pool in pools:
-        by_class[pool.cls].append(pool)
-    wpg_of = {g.name: g for pool in pools for g in pool.rollout + pool.train}
-    heap: list[tuple[float, int, str, Any]] = []
-    order = itertools.count(1)  # ties in time: first pushed, first out
+    return PoolSimulation(mode, pools, admit_load=admit_load, spread=spread, on_done=on_done).run(jobs)
 
-    def push(t: float, kind: str, data: Any) -> None:
-        heapq.heappush(heap, (t, next(order), kind, data))
 
-    queue: deque[SimJob] = deque()
-    running: dict[str, _Running] = {}
-    calls: dict[tuple[str, int], tuple[_Running, float, float]] = {}  # (pool, call id) -> job, exec, setup
-    usage: list[UsageRecord] = []
-    busy = Busy()
-    start, finish = {}, {}
-    switches = 0
-    switch_ds = 0.0
-    events = 0
-    wakeups: dict[str, float] = {}
+class PoolSimulation:
+    """The discrete-event loop of the shared modes: an event heap on a virtual clock, the admission
+    queue, the running jobs' stages, and each pool's scheduler core deciding its WPGs' calls."""
 
-    def admit(now: float) -> list[Pool]:
+    def __init__(self, mode: str, pools: list[Pool], *, admit_load: float, spread: bool,
+                 on_done: Callable[[], None] | None):
+        self.mode, self.admit_load, self.spread, self.on_done = mode, admit_load, spread, on_done
+        self.by_class: dict[str, list[Pool]] = defaultdict(list)
+        for pool in pools:
+            self.by_class[pool.cls].append(pool)
+        self.wpg_of = {g.name: g for pool in pools for g in pool.rollout + pool.train}
+        self.heap: list[tuple[float, int, str, Any]] = []
+        self.order = itertools.count(1)  # ties in time: first pushed, first out
+        self.queue: deque[SimJob] = deque()
+        self.running: dict[str, _Running] = {}
+        self.calls: dict[tuple[str, int], tuple[_Running, float, float]] = {}  # (pool, call id) -> job, exec, setup
+        self.usage: list[UsageRecord] = []
+        self.busy = Busy()
+        self.start: dict[str, float] = {}
+        self.finish: dict[str, float] = {}
+        self.switches = 0
+        self.switch_ds = 0.0
+        self.events = 0
+        self.wakeups: dict[str, float] = {}
+
+    def push(self, t: float, kind: str, data: Any) -> None:
+        heapq.heappush(self.heap, (t, next(self.order), kind, data))
+
+    def run(self, jobs: list[SimJob]) -> ModeResult:
+        for job in sorted(jobs, key=lambda j: (j.arrival, j.id)):
+            if not self.by_class[job.cls]:
+                raise ValueError(f"no pool hosts class {job.cls}")
+            self.push(job.arrival, "arrive", job)
+        while self.heap:
+            now, _, kind, data = heapq.heappop(self.heap)
+            self.events += 1
+            for pool in dict.fromkeys(self.handle(now, kind, data)):
+                self.decide(pool, now)
+        if self.queue or self.running:
+            raise RuntimeError(f"{self.mode}: {len(self.queue)} jobs never admitted, "
+                               f"{len(self.running)} never finished")
+        return ModeResult(self.mode, self.usage, self.finish, self.start, self.busy, switches=self.switches,
+                          switch_device_s=self.switch_ds, events=self.events)
+
+    def handle(self, now: float, kind: str, data: Any) -> list[Pool]:
+        """Apply one event; returns the pools whose scheduler must decide again."""
+        if kind == "arrive":
+            self.queue.append(data)
+            return self.admit(now)
+        if kind == "done":
+            pool, call_id = data
+            r, exec_s, setup = self.calls.pop((pool.name, call_id))
+            for rec in pool.scheduler.complete(call_id, now, exec_s=exec_s, setup_s=setup):
+                self.usage.append(rec)
+                self.switch_ds += rec.setup_s * rec.devices  # billed to the job as part of its call
+                self.busy.add(rec.start + setup, rec.end, rec.devices)
+            r.outstanding -= 1
+            touched = [pool]
+            if r.outstanding == 0:
+                touched += self.next_stage(r, now)
+            return touched
+        if kind == "host":
+            return self.next_stage(data, now)
+        return [data]  # "wake": the pool's scheduler asked to decide again now
+
+    def admit(self, now: float) -> list[Pool]:
+        """Admit the waiting jobs that fit, in arrival order (with ``spread``, past a class that waits)."""
         touched = []
         blocked: set[str] = set()
-        for job in list(queue):
-            if job.cls in blocked or (blocked and not spread):
-                if not spread:
+        for job in list(self.queue):
+            if job.cls in blocked or (blocked and not self.spread):
+                if not self.spread:
                     break
                 continue
-            dr, dt = job.demand
-            best = None
-            for pool in by_class[job.cls]:
-                pick = assign_wpgs([g.load for g in pool.rollout], [g.load for g in pool.train], job.replicas, dr, dt,
-                                   limit=admit_load)
-                if pick is None:
-                    continue
-                peak = max([pool.rollout[i].load + dr for i in pick[0]] + [pool.train[pick[1]].load + dt])
-                if best is None or peak < best[0]:
-                    best = (peak, pool, pick)
-                if not spread:
-                    break
+            best = self._best_pool(job)
             if best is None:
                 blocked.add(job.cls)
                 continue
-            _, pool, (ri, ti) = best
-            for i in ri:
-                pool.rollout[i].load += dr
-            pool.train[ti].load += dt
-            queue.remove(job)
-            r = _Running(job, pool, tuple(pool.rollout[i].name for i in ri), pool.train[ti].name)
-            running[job.id] = r
-            start[job.id] = now
-            for (role, kind), seconds in job.switch_s.items():
-                for name in (r.rollout if kind == "rollout" else (r.train,)):
-                    pool.scheduler.set_switch_cost((job.id, role), name, seconds)
-            begin_step(r, now)
-            touched.append(pool)
+            self._start(job, *best, now)
+            touched.append(best[0])
         return touched
 
-    def begin_step(r: _Running, now: float) -> None:
+    def _best_pool(self, job: SimJob) -> tuple[Pool, tuple[list[int], int]] | None:
+        """The pool (and its WPGs) that takes ``job`` with the lowest peak load, or the first that
+        takes it without ``spread``; None if none does."""
+        dr, dt = job.demand
+        best = None
+        for pool in self.by_class[job.cls]:
+            pick = assign_wpgs([g.load for g in pool.rollout], [g.load for g in pool.train], job.replicas, dr, dt,
+                               limit=self.admit_load)
+            if pick is None:
+                continue
+            peak = max([pool.rollout[i].load + dr for i in pick[0]] + [pool.train[pick[1]].load + dt])
+            if best is None or peak < best[0]:
+                best = (peak, pool, pick)
+            if not self.spread:
+                break
+        return None if best is None else (best[1], best[2])
+
+    def _start(self, job: SimJob, pool: Pool, pick: tuple[list[int], int], now: float) -> None:
+        dr, dt = job.demand
+        ri, ti = pick
+        for i in ri:
+            pool.rollout[i].load += dr
+        pool.train[ti].load += dt
+        self.queue.remove(job)
+        r = _Running(job, pool, tuple(pool.rollout[i].name for i in ri), pool.train[ti].name)
+        self.running[job.id] = r
+        self.start[job.id] = now
+        for (role, kind), seconds in job.switch_s.items():
+            for name in (r.rollout if kind == "rollout" else (r.train,)):
+                pool.scheduler.set_switch_cost((job.id, role), name, seconds)
+        self.begin_step(r, now)
+
+    def begin_step(self, r: _Running, now: float) -> None:
         r.pool.scheduler.submit(r.job.id, ROLE, STEP, (), now, stream="s0")
         r.stages = r.job.stages(r.step)
         r.stage = -1
-        next_stage(r, now)
+        self.next_stage(r, now)
 
-    def next_stage(r: _Running, now: float) -> list[Pool]:
+    def next_stage(self, r: _Running, now: float) -> list[Pool]:
         """Start the job's next stage (the next step's first one after its last)."""
         r.stage += 1
         if r.stage == len(r.stages):
             r.step += 1
             if r.step == r.job.steps:
-                return end_job(r, now)
-            begin_step(r, now)
+                return self.end_job(r, now)
+            self.begin_step(r, now)
             return [r.pool]
         stage = r.stages[r.stage]
         if isinstance(stage, float):
-            push(now + stage, "host", r)
+            self.push(now + stage, "host", r)
             return []
         for i, spec in enumerate(stage):
             if spec.target == "train":
@@ -467,70 +525,37 @@ def run_pools(mode: str, pools: list[Pool], jobs: list[SimJob], *, admit_load: f
             else:
                 wpgs = (r.train, *r.rollout)
             call = r.pool.scheduler.submit(r.job.id, spec.role, spec.fn, wpgs, now, stream=_stream(i))
-            calls[(r.pool.name, call.id)] = (r, spec.seconds, 0.0)
+            self.calls[(r.pool.name, call.id)] = (r, spec.seconds, 0.0)
             r.outstanding += 1
         return [r.pool]
 
-    def end_job(r: _Running, now: float) -> list[Pool]:
+    def end_job(self, r: _Running, now: float) -> list[Pool]:
         dr, dt = r.job.demand
         for name in r.rollout:
-            wpg_of[name].load -= dr
-        wpg_of[r.train].load -= dt
+            self.wpg_of[name].load -= dr
+        self.wpg_of[r.train].load -= dt
         r.pool.scheduler.forget(r.job.id)
-        del running[r.job.id]
-        finish[r.job.id] = now
-        if on_done:
-            on_done()
-        return [r.pool, *admit(now)]
+        del self.running[r.job.id]
+        self.finish[r.job.id] = now
+        if self.on_done:
+            self.on_done()
+        return [r.pool, *self.admit(now)]
 
-    def decide(pool: Pool, now: float) -> None:
-        nonlocal switches
+    def decide(self, pool: Pool, now: float) -> None:
         sched = pool.scheduler
         for d in sched.decide(now):
             if not isinstance(d, Dispatch):
                 continue  # a prefetch hint: the model charges every swap at dispatch, none overlapped
-            r, exec_s, _ = calls[(pool.name, d.call.id)]
+            r, exec_s, _ = self.calls[(pool.name, d.call.id)]
             # the WPGs swap in parallel; the call holds all of its WPGs through the slowest swap
             setup = max((sched.switch_costs.get((d.call.deployment, g), 0.0) for g in d.switches), default=0.0)
-            switches += len(d.switches)
-            calls[(pool.name, d.call.id)] = (r, exec_s, setup)
-            push(now + setup + exec_s, "done", (pool, d.call.id))
+            self.switches += len(d.switches)
+            self.calls[(pool.name, d.call.id)] = (r, exec_s, setup)
+            self.push(now + setup + exec_s, "done", (pool, d.call.id))
         wake = sched.next_wakeup(now)
-        if wake is not None and wakeups.get(pool.name) != wake:
-            wakeups[pool.name] = wake
-            push(wake, "wake", pool)
-
-    for job in sorted(jobs, key=lambda j: (j.arrival, j.id)):
-        if not by_class[job.cls]:
-            raise ValueError(f"no pool hosts class {job.cls}")
-        push(job.arrival, "arrive", job)
-    while heap:
-        now, _, kind, data = heapq.heappop(heap)
-        events += 1
-        touched: list[Pool] = []
-        if kind == "arrive":
-            queue.append(data)
-            touched = admit(now)
-        elif kind == "done":
-            pool, call_id = data
-            r, exec_s, setup = calls.pop((pool.name, call_id))
-            for rec in pool.scheduler.complete(call_id, now, exec_s=exec_s, setup_s=setup):
-                usage.append(rec)
-                switch_ds += rec.setup_s * rec.devices  # billed to the job as part of its call
-                busy.add(rec.start + setup, rec.end, rec.devices)
-            r.outstanding -= 1
-            touched = [pool]
-            if r.outstanding == 0:
-                touched += next_stage(r, now)
-        elif kind == "host":
-            touched = next_stage(data, now)
-        elif kind == "wake":
-            touched = [data]
-        for pool in dict.fromkeys(touched):
-            decide(pool, now)
-    if queue or running:
-        raise RuntimeError(f"{mode}: {len(queue)} jobs never admitted, {len(running)} never finished")
-    return ModeResult(mode, usage, finish, start, busy, switches=switches, switch_device_s=switch_ds, events=events)
+        if wake is not None and self.wakeups.get(pool.name) != wake:
+            self.wakeups[pool.name] = wake
+            self.push(wake, "wake", pool)
 
 
 ADMIT_LOAD = 1.25  # a shared WPG takes jobs until their declared demand is 1.25x its time: each job may

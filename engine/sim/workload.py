@@ -126,7 +126,7 @@ class Workload:
 
 
 def _paper_classes() -> tuple[ModelClass, ...]:
-    # WORKLOADS.md, "The paper-math preset": fraction, reservation and step time as written. The
+    # docs/workloads.md, "The paper-math preset": fraction, reservation and step time as written. The
     # replica and training-layout sizes are ours (the page does not give them): common tensor-parallel
     # sizes for these models.
     return (
@@ -138,7 +138,7 @@ def _paper_classes() -> tuple[ModelClass, ...]:
 
 
 PRESETS: dict[str, Workload] = {
-    # exactly WORKLOADS.md's paper-math (do not tune: add a preset instead)
+    # exactly docs/workloads.md's paper-math (do not tune: add a preset instead)
     "paper-math": Workload("paper-math", _paper_classes()),
     # multi-turn tool use: generation is the smaller part and tool calls stall it (ReTool: tool time
     # ~10x generation; verl fully-async: multi-turn ReTool rollout 61 % of a 375 s step)

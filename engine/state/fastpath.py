@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Collection
 from typing import Any
 
-from engine.wire import Closed, connect, listen_private, recv, send
+from engine.support.wire import Closed, connect, listen_private, recv, send
 
 _log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 It is threaded, so transitions run asynchronously and concurrently: a caller gets a Ray future
 from ``load`` / ``materialize`` / ``prefetch`` and goes on; a long ``materialize`` does not hold up
 another WPG's ``plan_read``. WPG ranks reach it by name (``state_manager()``) and move tensors
-through the host tier themselves (``engine.state.client``).
+through the host tier themselves (``engine.state.rank_client``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 - **device**: resident in a WPG. The store owns no device memory; it records which models each WPG
   holds, for accounting and setup-cost estimates.
 - **host**: one file per blob in a shared-memory folder of the node (``/dev/shm``). WPG ranks map
-  the files themselves (``engine.state.client``), so tensors never pass through the manager.
+  the files themselves (``engine.state.rank_client``), so tensors never pass through the manager.
 - **disk**: safetensors files under ``<root>/blobs`` written by ``materialize``, and the read-only
   weight files of registered base models, read through a memory map.
 
@@ -49,7 +49,7 @@ from urllib.parse import quote
 
 import torch
 
-from engine.workers.layout import WHOLE, ShardSpec
+from engine.state.layout import WHOLE, ShardSpec
 
 TRANSITIONS = ("disk->host", "host->device", "device->host", "host->disk")
 _CHUNK = 64 << 20  # bytes per read/write/hash call

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from engine.api import OptimizerConfig
-from engine.workers.layout import WeightShard
+from engine.state.layout import WeightShard
 
 Deployment = tuple[str, str]  # (job, role)
 
@@ -95,7 +95,7 @@ class Backend(ABC):
         return {}
 
     # -- swapping job state through the node's StateManager ------------------------------------
-    #: this rank's ``engine.state.client.StateClient``; set by the rank when its WPG swaps states
+    #: this rank's ``engine.state.rank_client.StateClient``; set by the rank when its WPG swaps states
     state_client: Any = None
     #: functions that make the deployment resident themselves (e.g. a rollout engine's
     #: ``sync_weights`` loads the new weights whole): no swap-in before them
@@ -123,20 +123,3 @@ class Backend(ABC):
 
     def prefetch(self, deployment: Deployment) -> None:  # noqa: B027 - a hint: ignoring it is correct
         """Start reading a swapped-out deployment's state in the background (a hint)."""
-
-
-def backend_class(kind: BackendKind | str) -> type[Backend]:
-    kind = BackendKind(kind)
-    if kind is BackendKind.TORCH:
-        from engine.workers.torch_backend import TorchBackend
-
-        return TorchBackend
-    if kind is BackendKind.VLLM:
-        from engine.workers.vllm_backend import VllmBackend
-
-        return VllmBackend
-    if kind is BackendKind.MEGATRON:
-        from engine.workers.megatron_backend import MegatronBackend
-
-        return MegatronBackend
-    raise ValueError(f"no backend {kind!r}")  # pragma: no cover - the enum exhausts the cases

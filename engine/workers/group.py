@@ -9,7 +9,6 @@ import collections
 import os
 import socket
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,11 @@ from typing import Any
 import ray
 import torch
 
-from engine import faults
 from engine.api import OptimizerConfig, Request
 from engine.errors import EngineFault, fault_reason
 from engine.state.store import UnknownKey
-from engine.workers.backend import BackendKind, backend_class
-from engine.workers.layout import gather_shards
+from engine.workers import faults
+from engine.workers.backend import Backend, BackendKind
 
 NOOP = "noop"  # a call that does nothing in the rank: probes the call path (liveness, overhead)
 CREATE = "create"  # makes a deployment resident from a model folder (payload: model_dir, trainable, optimizer)
@@ -63,7 +61,6 @@ class WorkerRank:
         self, kind: str, rank: int, world_size: int, threads: int, data_dir: str, dist_url: str | None = None,
         wpg: str = "", swapping: Swapping | None = None,
     ):
-        import torch
 
         # Pinned so results do not depend on where (or beside what) the actor runs.
         torch.set_num_threads(threads)
@@ -79,8 +76,8 @@ class WorkerRank:
                       "in_prefetched": 0}
         self._setup_s = 0.0  # switch seconds of the call being run
         if swapping is not None:
-            from engine.state.client import StateClient
             from engine.state.manager import state_manager
+            from engine.state.rank_client import StateClient
 
             def connect():
                 return state_manager(Path(data_dir), host_budget=swapping.host_budget)
@@ -214,7 +211,6 @@ class WorkerRank:
         return self.backend.stats()
 
     def info(self) -> dict[str, Any]:
-        import torch
 
         return {"pid": os.getpid(), "threads": torch.get_num_threads(), "rank": self.rank}
 
@@ -293,31 +289,19 @@ class WorkerGroup:
             ray.kill(r)
 
 
-def pull_weights(
-    source: list[Any], deployment, *, window: int = 8,
-) -> tuple[list[str], Iterator[tuple[str, torch.Tensor]]]:
-    """A deployment's trainer weights from ``source`` (the trainer group's ``WorkerRank`` handles):
-    the canonical names, and an iterator that gathers one logical tensor at a time.
+# The registry lives with its only caller: the backends import backend.py, never the other way round.
+def backend_class(kind: BackendKind | str) -> type[Backend]:
+    kind = BackendKind(kind)
+    if kind is BackendKind.TORCH:
+        from engine.workers.torch_backend import TorchBackend
 
-    At most ``window`` logical tensors are in flight (fetched ahead while the consumer converts
-    and loads the current one), so a sync costs a few round trips, not one per tensor, and the
-    whole model is never assembled at once. Each fetch queues behind the trainer ranks' earlier
-    calls (Ray actor order), so a sync sees every optimizer step submitted before it.
-    """
-    names = ray.get(source[0].weight_names.remote(deployment))
+        return TorchBackend
+    if kind is BackendKind.VLLM:
+        from engine.workers.vllm_backend import VllmBackend
 
-    def fetch(name: str):
-        return name, [rank.export_weights.remote(deployment, [name]) for rank in source]
+        return VllmBackend
+    if kind is BackendKind.MEGATRON:
+        from engine.workers.megatron_backend import MegatronBackend
 
-    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        queue = collections.deque(fetch(n) for n in names[:window])
-        upcoming = iter(names[window:])
-        while queue:
-            name, refs = queue.popleft()
-            following = next(upcoming, None)
-            if following is not None:
-                queue.append(fetch(following))
-            parts = ray.get(refs)
-            yield name, gather_shards([(t, spec) for part in parts for _, t, spec in part])
-
-    return names, tensors()
+        return MegatronBackend
+    raise ValueError(f"no backend {kind!r}")  # pragma: no cover - the enum exhausts the cases

@@ -6,7 +6,7 @@ every rank (a Ray actor) joins the group's ``torch.distributed`` world (gloo on 
 once, and every deployment resident in the group is split the same way. Every rank receives every
 call (SPMD) in the same order. Log-probs, losses and the optimizer step mean exactly what they mean
 in the torch backend: per-token log-probs come from ``sampling.shared_prompt_logprobs`` (each
-distinct prompt computed once, called on a view of the GPTModel), losses from ``engine.losses``,
+distinct prompt computed once, called on a view of the GPTModel), losses from ``engine.workers.losses``,
 the learning rate from ``OptimizerConfig``.
 
 This backend trains; it neither generates nor syncs. A rollout worker group pulls the trainer's
@@ -37,10 +37,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.api import Batch, OptimizerConfig
-from engine.workers.backend import Deployment, Residency, state_id
-from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tensors, read_safetensors
-from engine.workers.devices import worker_device
-from engine.workers.layout import (
+from engine.state.layout import (
     WHOLE,
     WeightShard,
     hf_to_megatron,
@@ -50,6 +47,9 @@ from engine.workers.layout import (
     megatron_partition_dim,
     megatron_to_hf,
 )
+from engine.workers.backend import Deployment, Residency, state_id
+from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tensors, read_safetensors
+from engine.workers.devices import worker_device
 from engine.workers.sampling import shared_prompt_logprobs
 from engine.workers.training import TrainingBackend
 
@@ -197,7 +197,7 @@ class MegatronBackend(TrainingBackend):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from transformers import AutoConfig
 
-        from engine.tokenizer import load_tokenizer
+        from engine.workers.tokenizer import load_tokenizer
 
         hf_config = AutoConfig.from_pretrained(model_dir)
         tokenizer = load_tokenizer(model_dir)

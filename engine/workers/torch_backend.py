@@ -24,10 +24,10 @@ from engine.api import (
     OptimizerConfig,
     SamplingParams,
 )
+from engine.state.layout import WHOLE
 from engine.workers.backend import Deployment, Residency, state_id
 from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tensors
 from engine.workers.devices import worker_device
-from engine.workers.layout import WHOLE
 from engine.workers.sampling import generate, shared_prompt_logprobs
 from engine.workers.training import TrainingBackend, free_parameters
 
@@ -67,7 +67,7 @@ class TorchBackend(TrainingBackend):
         (two groups holding one deployment must not write each other's state)."""
         from transformers import AutoModelForCausalLM
 
-        from engine.tokenizer import load_tokenizer
+        from engine.workers.tokenizer import load_tokenizer
 
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         model.eval()
@@ -141,7 +141,7 @@ class TorchBackend(TrainingBackend):
         is another group (``source``: its ranks), pulled from it one logical tensor at a time."""
         started = time.perf_counter()
         if source is not None:
-            from engine.workers.group import pull_weights
+            from engine.workers.weights import pull_weights
 
             _, tensors = pull_weights(source, deployment)
             params = dict(state.rollout.named_parameters())

@@ -1,5 +1,5 @@
 """The training functions every trainer backend serves the same way: ``forward``,
-``forward_backward`` (the engine's named losses, implemented once in ``engine.losses``) and
+``forward_backward`` (the engine's named losses, implemented once in ``engine.workers.losses``) and
 ``optim_step`` (AdamW with the job's learning-rate schedule and global-norm clipping).
 
 A backend supplies how to get per-token log-probs of a batch (``_logprobs``) and, when its
@@ -18,10 +18,10 @@ import torch
 from safetensors.torch import load_file
 
 from engine.api import Batch, ForwardResult, LossResult
-from engine.losses import get_loss
+from engine.state.layout import WHOLE
 from engine.workers.backend import READ_ONLY, Backend, Deployment
 from engine.workers.checkpoint import STEPS_KEY, load_optimizer_tensors
-from engine.workers.layout import WHOLE
+from engine.workers.losses import get_loss
 
 StateTensors = dict[str, dict[tuple[str, Any], torch.Tensor]]  # model id -> (name, shard) -> tensor
 

@@ -35,10 +35,10 @@ from typing import Any
 import torch
 
 from engine.api import Completion, SamplingParams
-from engine.collector import collector_paused
+from engine.state.layout import WHOLE
+from engine.support.collector import collector_paused
 from engine.workers.backend import Backend, Deployment, state_id
 from engine.workers.checkpoint import read_safetensors
-from engine.workers.layout import WHOLE
 
 #: KV cache per engine (bytes). The tiny models need little; CPU attention needs blocks of 32k tokens.
 KV_CACHE_BYTES = 128 << 20
@@ -243,7 +243,7 @@ class VllmBackend(Backend):
     def _reload_from_store(self, deployment: Deployment, state: _Deployment) -> None:
         """Stream the deployment's weights into the engine from mapped views of the StateManager's
         host files (no copy in this process), pinned there until the reload is done."""
-        from engine.state.client import assemble
+        from engine.state.rank_client import assemble
 
         client, model = self.state_client, state_id(deployment, "rollout")
         started = time.perf_counter()
@@ -307,7 +307,7 @@ class VllmBackend(Backend):
             fork_base(self.state_client, base, state_id(deployment, "rollout"))
             weights, metas = None, {name: meta for (name, _), meta in stored.items()}
         if model_dir not in self._tokenizers:
-            from engine.tokenizer import load_tokenizer
+            from engine.workers.tokenizer import load_tokenizer
 
             self._tokenizers[model_dir] = load_tokenizer(model_dir)
         first = self.llm is None
@@ -399,7 +399,7 @@ class VllmBackend(Backend):
         """Pull ``deployment``'s trainer weights from ``source`` (the trainer group's ``WorkerRank``
         handles), one logical tensor at a time, into the engine and this deployment's host copy
         (or, with a StateManager, its state there)."""
-        from engine.workers.group import pull_weights
+        from engine.workers.weights import pull_weights
 
         started = time.perf_counter()
         names, trainer_tensors = pull_weights(source, deployment)

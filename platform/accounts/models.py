@@ -90,7 +90,7 @@ def token_digest(plaintext: str) -> str:
     """The SHA-256 hex digest stored for a token.
 
     A fast hash is right here: tokens carry 256 random bits, so nothing can be guessed, and a slow
-    password hash would cost every API request ~0.3 s (DESIGN.md section 7).
+    password hash would cost every API request ~0.3 s.
     """
     return hashlib.sha256(plaintext.encode()).hexdigest()
 

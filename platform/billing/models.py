@@ -1,4 +1,4 @@
-"""The usage ledger: one row per usage record the engine metered (``engine/metering.py``).
+"""The usage ledger: one row per usage record the engine metered (``engine/accounting/metering.py``).
 
 Rows arrive with the job's event log, keyed by (job, seq) of the ``usage`` event, so the pull can
 run any number of times without counting anything twice.
@@ -14,7 +14,7 @@ import dataclasses
 
 from django.db import models
 
-from engine.metering import LedgerTotals
+from engine.control import LedgerTotals
 
 BILLED = models.Q(redone=False)  # the rows the tenant pays for: all but work a recovery redid
 
@@ -54,7 +54,7 @@ class UsageEntry(models.Model):
 
 
 class JobUsageTotals(models.Model):
-    """One job's usage ledger summed (``engine.metering.ledger_totals`` of its billed rows, and the
+    """One job's usage ledger summed (``engine.accounting.metering.ledger_totals`` of its billed rows, and the
     device-seconds a recovery redid), so its savings are read without reading its rows.
 
     Written only where the ledger is: the event ingest, in the transaction that stores the rows or

@@ -12,10 +12,8 @@ from django.utils import timezone
 
 from accounts.models import Organization
 from billing.models import BILLED, CapacitySample, JobUsageTotals, UsageEntry
-from engine.estimate import estimate
-from engine.metering import LedgerTotals, ledger_totals, record_rows, savings_of_rows, savings_of_totals
-from engine.service import ServiceConfig
-from engine.spec import JobSpec
+from engine.control import LedgerTotals, estimate, ledger_totals, record_rows, savings_of_rows, savings_of_totals
+from engine.spec import JobSpec, ServiceConfig
 from jobs.models import Job
 
 
@@ -34,7 +32,7 @@ def device_hours_in_month(*, organization: Organization, when: dt.datetime) -> f
     return (total or 0.0) / 3600
 
 
-# What ``engine.metering.ledger_totals`` reads of a usage row, and whether it is billed.
+# What ``engine.accounting.metering.ledger_totals`` reads of a usage row, and whether it is billed.
 SAVINGS_FIELDS = ("call", "fn", "start", "end", "queued_s", "setup_s", "device_seconds", "redone")
 
 
@@ -46,7 +44,7 @@ def usage_totals_of_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _savings(totals: dict[str, Any], reserved_devices: int, mode: str) -> dict[str, Any]:
-    """Billed against dedicated (DESIGN section 5: ``engine.metering.savings_of_totals``, shared with
+    """Billed against dedicated (docs/architecture.md §5: ``engine.accounting.metering.savings_of_totals``, shared with
     pre-run estimates) of a job's ledger totals (``JobUsageTotals`` fields, ``usage_totals_of_rows``),
     over the rows billed; ``redone_device_hours``: the work an engine recovery threw away and the job
     did again (on the ledger, not billed)."""
@@ -57,7 +55,7 @@ def _savings(totals: dict[str, Any], reserved_devices: int, mode: str) -> dict[s
 
 def estimate_figures(*, spec: JobSpec, reserved_devices: int, deployment_mode: str) -> dict[str, Any]:
     """A job's pre-run estimate as the bill would state it: the engine's predicted calls
-    (``engine.estimate``: from a profile of the job's shape, else the cost model) as usage rows on
+    (``engine.accounting.estimate``: from a profile of the job's shape, else the cost model) as usage rows on
     the engine service's shared groups, through the savings function billing uses.
 
     ``{"dedicated_device_hours", "multiplexed_device_hours", "savings", "step_seconds", "basis"}``:
@@ -83,7 +81,7 @@ def _totals_of(job: Job) -> dict[str, Any]:
 
 
 def job_savings(*, job: Any) -> dict[str, Any]:
-    """Billed device-hours against the dedicated counterfactual (DESIGN section 5).
+    """Billed device-hours against the dedicated counterfactual (docs/architecture.md §5).
 
     Billed: device-seconds of the job's calls, switches included. Counterfactual: the job's
     declared reservation (rollout + train devices) held for the wall time it would have taken alone
@@ -212,7 +210,7 @@ def capacity_device_hours(*, lo: float, hi: float, now: dt.datetime | None = Non
 
 def cluster_summary(*, month: dt.date, now: dt.datetime | None = None) -> dict[str, Any]:
     """The whole cluster in ``month`` (platform staff): capacity, what was billed to whom, and the
-    idle device-hours nobody used (the platform's own row, DESIGN section 5).
+    idle device-hours nobody used (the platform's own row, docs/architecture.md §5).
 
     ``idle_device_hours`` = capacity - billed - redone (``redone_device_hours``: work engine
     recoveries threw away and jobs did again, used but not billed), never negative; when more was

@@ -13,12 +13,12 @@ from celery import Celery
 from celery.signals import worker_process_init
 
 try:
-    import plexrl
-except ModuleNotFoundError:  # a checkout that was never pip-installed: plexrl.py is at its root
+    import platform_path
+except ModuleNotFoundError:  # a checkout that was never pip-installed: platform_path.py is at its root
     sys.path.append(str(Path(__file__).resolve().parents[2]))
-    import plexrl
+    import platform_path
 
-plexrl.add_platform_to_path()
+platform_path.add_platform_to_path()
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("plexrl")

@@ -1,4 +1,4 @@
-"""The whole platform in one process tree, for one command on a fresh machine (DESIGN section 8):
+"""The whole platform in one process tree, for one command on a fresh machine (docs/architecture.md §7):
 the ASGI server (daphne) in the main thread, a Celery worker and its beat in threads of the same
 process (in-memory broker), the engine on a local Ray cluster this process starts, SQLite and the
 in-memory channel layer, everything under ``PLEXRL_HOME``. ``plexrl up`` runs it; ``plexrl demo``
@@ -26,9 +26,9 @@ def setup_django() -> None:
     """Django, configured from the environment (the embedded defaults when nothing is set)."""
     import django
 
-    import plexrl
+    import platform_path
 
-    plexrl.add_platform_to_path()
+    platform_path.add_platform_to_path()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     django.setup()
 
@@ -181,7 +181,7 @@ def port_free(host: str, port: int) -> bool:
 
 def missing_presets(names=None) -> list[str]:
     """The built-in model presets (or those of ``names``) not built under ``PLEXRL_HOME`` yet."""
-    from engine.models import PRESETS, is_model_dir, preset_dir
+    from engine.control import PRESETS, is_model_dir, preset_dir
 
     return [name for name in sorted(names or PRESETS) if not is_model_dir(preset_dir(name))]
 
@@ -299,12 +299,11 @@ def submit_demo_jobs(steps: int | None = None) -> list[int]:
 
 def build_missing_presets(names: set[str]) -> None:
     """Build the model presets the demo needs that ``PLEXRL_HOME`` lacks (once; a few minutes)."""
-    from engine.models import PRESETS, preset_dir
-    from engine.models.tiny import build_preset
+    from engine.control import resolve_model
 
     for name in missing_presets(names):
         print(f"PlexRL: building model preset {name!r} (first run only)…", flush=True)
-        build_preset(PRESETS[name], preset_dir(name), progress=True)
+        resolve_model(name, progress=True)  # builds the missing preset
 
 
 class DemoProgress(threading.Thread):

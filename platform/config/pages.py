@@ -24,8 +24,7 @@ from django.views.generic import RedirectView
 from accounts import selectors as account_selectors
 from accounts.api import resolve_organization
 from accounts.models import Membership, Organization, Role
-from engine.rl.grpo import GRPOConfig
-from engine.spec import ROLLOUT_BACKENDS, TRAINER_BACKENDS, default_rollout, default_trainer
+from engine.spec import ROLLOUT_BACKENDS, TRAINER_BACKENDS, GRPOConfig, default_rollout, default_trainer
 from jobs import selectors as job_selectors
 from jobs.models import DeploymentMode, JobState
 

@@ -3,7 +3,7 @@
 One implementation of each message shape, used both by the consumers' replay from the database
 (``jobs.consumers``) and by the live sends after a write commits (``jobs.services``), so a point
 looks the same whichever way it reached the browser. What is pushed is a view of what was
-ingested (DESIGN section 6), never a second source of truth: a client that missed something
+ingested (docs/architecture.md §5), never a second source of truth: a client that missed something
 reconnects with ``?last_seq=`` and the replay fills the gap.
 
 Groups and messages (every message is a JSON object with ``type`` and ``seq``):

@@ -1,7 +1,7 @@
 """An organization's datasets (its own problems for the ``dataset`` task): upload, delete, reads, and
 the resolution of a job spec's ``dataset`` id to the stored file.
 
-An upload is validated by the engine's own loader (``engine.rl.datasets.parse_problems``, whose
+An upload is validated by the engine's own loader (``engine.tasks.datasets.parse_problems``, whose
 errors name the line) before anything is written; the file is written atomically (a temporary file
 renamed into place) and only then is the row created, so no error leaves a row or a file behind.
 A dataset is deleted in a transaction; its file goes once the transaction commits.
@@ -23,11 +23,12 @@ from django.shortcuts import get_object_or_404
 
 from accounts.models import Organization, User
 from accounts.services import audit_record
-from engine.rl import datasets as engine_datasets
+from engine.control import MAX_DATASET_BYTES, parse_problems
+from engine.errors import DatasetError
 from jobs.models import ACTIVE_STATES, Dataset, Job
 
 # The engine refuses a bigger file when the job starts; the platform refuses it on upload.
-MAX_BYTES = engine_datasets.MAX_BYTES
+MAX_BYTES = MAX_DATASET_BYTES
 
 
 class DatasetInUse(Exception):
@@ -103,8 +104,8 @@ def dataset_create(*, organization: Organization, user: User | None, name: str, 
         raise ValidationError({"name": f"a dataset named {name!r} already exists"})
     data = _read_capped(upload)
     try:
-        problems = engine_datasets.parse_problems(data.splitlines())  # as the engine's load_problems splits
-    except engine_datasets.DatasetError as exc:
+        problems = parse_problems(data.splitlines())  # as the engine's load_problems splits
+    except DatasetError as exc:
         raise ValidationError({"file": str(exc)}) from None
     path = _write_atomically(datasets_dir(organization), data)
     try:

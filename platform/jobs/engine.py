@@ -1,4 +1,4 @@
-"""The platform's one handle on the engine (its service API, DESIGN section 3b).
+"""The platform's one handle on the engine (``engine.control``, docs/architecture.md §4).
 
 Only Celery tasks call it: a web request never waits on the engine. ``RAY_ADDRESS`` joins a Ray
 cluster; without it the process starts a local Ray the first time a task needs the engine.
@@ -10,7 +10,7 @@ import threading
 
 from django.conf import settings
 
-from engine.service import EngineClient
+from engine.control import EngineClient
 
 _client: EngineClient | None = None
 _lock = threading.Lock()

@@ -18,9 +18,8 @@ from datetime import timedelta
 from celery import shared_task
 from django.utils import timezone
 
-from engine.errors import EngineError
-from engine.service import UnknownJob
-from jobs import services
+from engine.errors import EngineError, UnknownJob
+from jobs import ingest
 from jobs.engine import engine, tenant_of
 from jobs.models import TERMINAL_STATES, Job, JobState
 
@@ -87,7 +86,7 @@ def pull_events(job_id: int) -> int:
                 if not status["active"] and status["last_seq"] == job.event_cursor:
                     Job.objects.filter(pk=job.pk).update(events_complete=True)
             return total
-        total += services.ingest_events(job=job, events=batch)
+        total += ingest.ingest_events(job=job, events=batch)
 
 
 @shared_task

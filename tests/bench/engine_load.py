@@ -38,8 +38,7 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def small_spec(steps: int, seed: int):
-    from engine.rl.grpo import GRPOConfig
-    from engine.spec import JobSpec
+    from engine.spec import GRPOConfig, JobSpec
 
     return JobSpec(task="arith", model="tiny-arith", steps=steps, seed=seed, rollout="torch", trainer="torch",
                    grpo=GRPOConfig(prompts_per_step=16, samples_per_prompt=4, updates_per_step=2, eval_every=steps,
@@ -71,8 +70,9 @@ def start_engine(models: Path):
     if models.is_dir():
         (home / "models").symlink_to(models.resolve())
     os.environ["PLEXRL_HOME"] = str(home)
+    from engine.control import EngineClient
     from engine.models import resolve_model
-    from engine.service import EngineClient, ServiceConfig
+    from engine.spec import ServiceConfig
 
     resolve_model("tiny-arith", progress=True)  # built once, before any job asks for it
     return EngineClient(data_dir=home, config=ServiceConfig(devices_per_group=1.0, threads=1)), home

@@ -1,7 +1,7 @@
 """How close the pre-run estimate comes to the bill: small real jobs, each estimated before it runs in a
 fresh ``PLEXRL_HOME`` (no profiles: the cost model's basis), then run alone and billed from its usage
 records; both go through the same savings function the platform bills with
-(``engine.metering.savings_of_rows``). Prints a table and the JSON.
+(``engine.accounting.metering.savings_of_rows``). Prints a table and the JSON.
 
     python tests/bench/estimate_accuracy.py [--json out.json] [--profile-check]
 
@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from estimate_runs import fresh_home, grpo, run_alone
 
-from engine.estimate import estimate
-from engine.metering import UsageRecord, record_rows, savings_of_rows
+from engine.accounting.estimate import estimate
+from engine.accounting.metering import UsageRecord, record_rows, savings_of_rows
 
 RESERVED = 2  # one rollout and one train device: the jobs' declared dedicated deployment
 MODE = "async_split"  # the platform's default deployment mode

@@ -1,5 +1,5 @@
 """Measure the pre-run estimate's cost-model constants on this machine and write them to
-``engine/data/calibration.json`` (what ``engine.estimate`` ships).
+``engine/accounting/calibration.json`` (what ``engine.accounting.estimate`` ships).
 
     python tests/bench/estimate_calibrate.py                    # run the calibration jobs, fit, write
     python tests/bench/estimate_calibrate.py --runs runs.json   # fit again from runs kept earlier
@@ -8,13 +8,13 @@ It runs the small calibration jobs of ``estimate_runs.CALIBRATION`` alone (torch
 device slot and one thread each, as the engine service runs them; a fresh ``PLEXRL_HOME``), then:
 
 - task constants from the jobs' metrics: the mean train accuracy per task (the fraction of prompt
-  groups kept for training follows from it, ``engine.estimate.kept_fraction``), tool calls per
+  groups kept for training follows from it, ``engine.accounting.estimate.kept_fraction``), tool calls per
   answer, and the per-turn call rate that gives them;
 - per function, a least-squares fit of its measured seconds (usage records' end - start, all calls of
-  the job together) against the plan's call count and units (``engine.estimate.plan``):
+  the job together) against the plan's call count and units (``engine.accounting.estimate.plan``):
   ``seconds = per_call x calls + per_unit x units``, clipped at zero;
 - the driver's host seconds between calls (span less held seconds less tool stalls) against one per
-  job, steps and evaluated answers (``engine.estimate.host_terms``), coefficients kept >= 0.
+  job, steps and evaluated answers (``engine.accounting.estimate.host_terms``), coefficients kept >= 0.
 
 The accuracy benchmark (``estimate_accuracy.py``) uses other shapes; nothing is fitted to it.
 """
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from estimate_runs import CALIBRATION, fresh_home, run_alone
 
-from engine.estimate import CALIBRATION_PATH, UNIT_FUNCTIONS, host_terms, plan
+from engine.accounting.estimate import CALIBRATION_PATH, UNIT_FUNCTIONS, host_terms, plan
 from engine.spec import JobSpec
 
 

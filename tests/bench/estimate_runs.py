@@ -3,7 +3,7 @@
 Shared by ``estimate_calibrate.py`` (measures the cost model's constants) and
 ``estimate_accuracy.py`` (compares pre-run estimates with what the jobs were billed). Each job runs
 on a rollout and a train worker group of its own (torch, one device slot and one torch thread per
-group, as ``engine.service.ServiceConfig``'s defaults), in a fresh temporary ``PLEXRL_HOME`` that
+group, as ``engine.spec.ServiceConfig``'s defaults), in a fresh temporary ``PLEXRL_HOME`` that
 holds only links to the built model presets: no earlier profiles.
 
     python tests/bench/estimate_runs.py --out runs.json   # the calibration shapes, raw
@@ -41,9 +41,9 @@ def fresh_home() -> Path:
 def run_alone(specs: dict[str, dict[str, Any]], home: Path) -> dict[str, dict[str, Any]]:
     """Run each job alone on a pair of groups of its own; for each: its spec, usage records,
     per-step metrics and wall seconds."""
-    from engine.eventlog import read_events
-    from engine.runtime import EngineConfig, JobRun, LocalEngine, run_jobs
-    from engine.scheduler.placement import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
+    from engine.api import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
+    from engine.service.eventlog import read_events
+    from engine.service.runtime import EngineConfig, JobRun, LocalEngine, run_jobs
     from engine.spec import JobSpec
 
     os.environ["RAY_ADDRESS"] = "local"  # a Ray of our own, never a cluster someone else started here

@@ -39,8 +39,8 @@ def main() -> int:
 
     from engine.api import SamplingParams
     from engine.models import resolve_model
-    from engine.rl.tasks import sample_problems
-    from engine.tokenizer import load_tokenizer
+    from engine.tasks.arithmetic import sample_problems
+    from engine.workers.tokenizer import load_tokenizer
     from engine.workers.torch_backend import TorchBackend
     from engine.workers.vllm_backend import VllmBackend
 

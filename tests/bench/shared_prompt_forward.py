@@ -30,9 +30,9 @@ def main() -> int:
     from transformers import AutoModelForCausalLM
 
     from engine.models import resolve_model
-    from engine.rl.tasks import sample_problems
-    from engine.tokenizer import load_tokenizer
+    from engine.tasks.arithmetic import sample_problems
     from engine.workers.sampling import sample, sequence_logprobs, shared_prompt_logprobs
+    from engine.workers.tokenizer import load_tokenizer
 
     torch.set_num_threads(args.threads)
     path = resolve_model("tiny-arith", progress=True)

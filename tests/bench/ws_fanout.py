@@ -8,7 +8,7 @@ recreated and migrated). It creates an organization, a user, a token and a runni
 ``daphne config.asgi:application`` on a free port (one process, DEBUG off), and opens
 ``--clients`` websocket clients on ``/ws/jobs/<id>/`` (the ``websockets`` library, the token in
 the ``Authorization`` header). Once every client has its snapshot (so it is in the job's group), it
-ingests ``--points`` metrics events one at a time through ``jobs.services.ingest_events`` in this
+ingests ``--points`` metrics events one at a time through ``jobs.ingest.ingest_events`` in this
 process, ``--interval`` seconds apart, and stamps each with its commit time (an ``on_commit`` hook
 registered before the service's own push). Each client stamps each message when it arrives.
 
@@ -149,7 +149,7 @@ def _ingest(job, points: int, interval: float) -> dict[int, float]:
     """Ingest ``points`` metrics events one by one; returns {seq: commit time}."""
     from django.db import transaction
 
-    from jobs.services import ingest_events
+    from jobs.ingest import ingest_events
 
     committed: dict[int, float] = {}
     for seq in range(1, points + 1):

@@ -1,7 +1,7 @@
 """Browser (end-to-end) tests: Playwright's Python package drives the Debian chromium (never a downloaded
 browser) against the live platform: daphne serving the dashboard, a Celery worker with its beat,
 the engine the worker starts (real Ray actors, the tiny model), PostgreSQL and Redis. Screenshots
-go to ``test-artifacts/browser/``."""
+(``screenshots.screenshot``) go to ``test-artifacts/browser/``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from django.conf import settings
 
 from tests.platform import live
 
-ARTIFACTS = live.REPO / "test-artifacts" / "browser"
 CHROMIUM = os.environ.get("PLEXRL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -89,9 +88,3 @@ def page(browser, live_platform):
     context.close()
     assert not violations, violations
 
-
-def screenshot(page, name: str) -> Path:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTIFACTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    return path

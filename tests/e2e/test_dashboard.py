@@ -13,7 +13,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import screenshot
+from tests.e2e.screenshots import screenshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

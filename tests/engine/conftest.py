@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.engine.repo import REPO
 
 # Variables that would change what a ``plexrl`` subprocess does; it gets only the ones a test sets.
 ENGINE_ENV = {"PLEXRL_HOME", "RAY_ADDRESS", "PYTHONHASHSEED", "PYTHONPATH", "CUDA_VISIBLE_DEVICES"}
@@ -128,7 +128,8 @@ def tiny_model_dir(plexrl_home) -> Path:
     It sits where the preset resolves, so both ``"tiny-arith"`` and this path name it. One thread:
     the full preset's two threads gain nothing on a model this small and fight other processes.
     """
-    from engine.models.tiny import TINY_ARITH, build_preset
+    from engine.models.presets import TINY_ARITH
+    from engine.models.tiny import build_preset
 
     preset = dataclasses.replace(TINY_ARITH, sft_steps=250, eval_size=50, threads=1)
     path = plexrl_home / "models" / TINY_ARITH.name
@@ -141,7 +142,8 @@ def tiny_tools_model_dir(plexrl_home) -> Path:
     """The ``tiny-arith-tools`` preset, built with a 250-step supervised phase into PLEXRL_HOME/models
     (about 20 s): it calls the calculator for some problems and answers others itself, so short
     runs of the ``arith-tools`` task have calls, several turns and groups with mixed rewards."""
-    from engine.models.tiny import TINY_ARITH_TOOLS, build_preset
+    from engine.models.presets import TINY_ARITH_TOOLS
+    from engine.models.tiny import build_preset
 
     preset = dataclasses.replace(TINY_ARITH_TOOLS, sft_steps=250, eval_size=50, threads=1)
     path = plexrl_home / "models" / TINY_ARITH_TOOLS.name
@@ -154,7 +156,7 @@ def ray_engine(plexrl_home) -> Iterator[None]:
     """Ray, started once for the session the way the engine starts it (and shut down at the end)."""
     import ray
 
-    from engine.runtime import EngineConfig, start_ray
+    from engine.service.runtime import EngineConfig, start_ray
 
     owned = not ray.is_initialized()
     # A RAY_ADDRESS inherited from the caller would attach the tests to somebody else's cluster.
@@ -217,7 +219,7 @@ def worker_threads() -> int:
 @pytest.fixture
 def router(worker_group):
     """A router of its own (no placements yet) over the session's worker group."""
-    from engine.router import Router
+    from engine.scheduler.router import Router
 
     return Router([worker_group])
 

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from .conftest import REPO
+from tests.engine.repo import REPO
 
 # Importing any of these in the child fails, as it would where they are not installed.
 ABSENT = ["math_verify", "ray", "django", "celery", "channels", "vllm", "engine.models", "engine.rl"]

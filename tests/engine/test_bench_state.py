@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine.bench import MB, STATE_BENCH_MEMORY_PER_BYTE, available_memory
+from engine.bench.state_swaps import MB, STATE_BENCH_MEMORY_PER_BYTE, available_memory
 from engine.state.store import default_host_budget
 
 THROUGHPUTS = {"swap_in_gbps", "swap_out_gbps", "plain_copy_gbps", "plain_copy_out_gbps", "swap_in_vs_copy",

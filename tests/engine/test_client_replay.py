@@ -4,8 +4,8 @@ comes out different is reported), and a new checkpoint replaces the previous one
 from __future__ import annotations
 
 from engine.client import Client
-from engine.driver import resume_point
-from engine.eventlog import EventLog, read_events
+from engine.service.driver import resume_point
+from engine.service.eventlog import EventLog, read_events
 
 
 def test_replayed_steps_are_not_logged_twice_and_a_different_replay_is_reported(tmp_path):

@@ -1,4 +1,4 @@
-"""engine.collector: the cyclic collector paused around a block, and restored after it."""
+"""engine.support.collector: the cyclic collector paused around a block, and restored after it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from engine.collector import collector_paused
+from engine.support.collector import collector_paused
 
 
 def _fails_inside() -> None:

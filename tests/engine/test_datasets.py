@@ -8,11 +8,11 @@ import pytest
 
 from engine.client import Client
 from engine.errors import SpecError
-from engine.eventlog import EventLog, read_events
 from engine.rl import grpo
-from engine.rl.datasets import DatasetError, DatasetTask, held_out, parse_problems, split
-from engine.rl.tasks import Problem, sample_problems
+from engine.service.eventlog import EventLog, read_events
 from engine.spec import JobSpec
+from engine.tasks.arithmetic import Problem, sample_problems
+from engine.tasks.datasets import DatasetError, DatasetTask, held_out, parse_problems, split
 
 
 def lines(*rows) -> list[str]:

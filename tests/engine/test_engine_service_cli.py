@@ -73,7 +73,7 @@ def test_a_local_engine_ignores_the_last_cluster_ray_start_left_behind():
         with open(os.path.join(ray_tmp, "ray", "ray_current_cluster"), "w") as f:
             f.write(f"127.0.0.1:{live.free_port()}")  # nobody listens there
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": ray_tmp}
-        code = ("import ray; from engine.runtime import EngineConfig, start_ray; start_ray(EngineConfig()); "
+        code = ("import ray; from engine.service.runtime import EngineConfig, start_ray; start_ray(EngineConfig()); "
                 "print(ray.cluster_resources()['device']); ray.shutdown()")
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]

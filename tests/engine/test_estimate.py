@@ -1,4 +1,4 @@
-"""Pre-run estimates (``engine.estimate``): the plan follows the GRPO loop call for call, the seconds
+"""Pre-run estimates (``engine.accounting.estimate``): the plan follows the GRPO loop call for call, the seconds
 come from the shipped calibration or a profile of the same shape, and the predicted usage bills
 through the same savings function as measured usage. Pure: no Ray, no worker group."""
 
@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from engine.estimate import (
+from engine.accounting.estimate import (
     estimate,
     expected_max,
     kept_fraction,
@@ -19,10 +19,9 @@ from engine.estimate import (
     shape_key,
     write_profile,
 )
-from engine.metering import record_rows, savings_of_rows
-from engine.rl.grpo import GRPOConfig
-from engine.rl.tools import ToolConfig
-from engine.spec import JobSpec
+from engine.accounting.metering import record_rows, savings_of_rows
+from engine.spec import GRPOConfig, JobSpec
+from engine.tasks.tools import ToolConfig
 
 SPEC = JobSpec(task="arith", model="tiny-arith", steps=20, rollout="torch", trainer="torch",
                grpo=GRPOConfig(prompts_per_step=8, samples_per_prompt=4, eval_every=10, eval_size=100))
@@ -137,7 +136,7 @@ def test_a_bad_spec_names_the_field():
 
 
 def test_a_step_trains_on_as_many_minibatches_as_it_has_rows():
-    from engine.estimate import _expected_updates
+    from engine.accounting.estimate import _expected_updates
 
     assert _expected_updates(8, 0.0, 4, 8) == 0.0  # no group kept: nothing to train on
     assert _expected_updates(8, 1.0, 4, 8) == 8.0

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from engine.client import Client
-from engine.eventlog import EventLog, LogEnded, read_events
+from engine.service.eventlog import EventLog, LogEnded, read_events
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ def test_a_last_line_without_its_newline_is_torn_too(path):
 
 CONSUMER = r"""
 import sqlite3, sys, time
-from engine.eventlog import read_events
+from engine.service.eventlog import read_events
 
 log, db, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
 con = sqlite3.connect(db, isolation_level=None)
@@ -141,7 +141,7 @@ def test_a_killed_consumer_resumes_by_cursor_and_sees_every_event_once(tmp_path)
     import sys
     import time
 
-    from tests.engine.conftest import REPO
+    from tests.engine.repo import REPO
 
     total, path, db = 400, tmp_path / "events.jsonl", tmp_path / "consumer.sqlite"
     log = EventLog(path)

@@ -1,4 +1,4 @@
-"""Fail points (``engine.faults``): an armed one kills the process that reaches it with matching
+"""Fail points (``engine.workers.faults``): an armed one kills the process that reaches it with matching
 context, on the nth pass, with SIGKILL, once; unarmed or unmatched, nothing happens."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from engine import faults
+from engine.workers import faults
 
 PASS = """
 import sys
-from engine import faults
+from engine.workers import faults
 for n in range(1, 4):
     faults.check(sys.argv[1], "rank", job="a", fn=sys.argv[2], rank=0)
     print(n, flush=True)

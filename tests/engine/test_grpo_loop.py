@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from engine.client import Batch, Client, ModelHandle, SamplingParams
-from engine.eventlog import EventLog, read_events
 from engine.rl import grpo
+from engine.service.eventlog import EventLog, read_events
 
 CONFIG = grpo.GRPOConfig(prompts_per_step=8, samples_per_prompt=4, updates_per_step=2, lr=1e-3,
                          max_tokens=4, eval_every=1, eval_size=10)

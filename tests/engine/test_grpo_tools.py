@@ -5,9 +5,9 @@ anything else that is logged as a metric depends on how long the tool took."""
 import pytest
 
 from engine.client import Client, SpecError
-from engine.eventlog import EventLog, read_events
 from engine.rl import grpo
-from engine.rl.tools import ToolConfig
+from engine.service.eventlog import EventLog, read_events
+from engine.tasks.tools import ToolConfig
 
 CONFIG = grpo.GRPOConfig(prompts_per_step=8, samples_per_prompt=4, updates_per_step=2, lr=1e-3,
                          max_tokens=4, eval_every=1, eval_size=10)

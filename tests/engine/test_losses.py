@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from engine.api import Batch
-from engine.losses import LOSSES, cross_entropy_loss, get_loss, grpo_loss, k3_kl
+from engine.workers.losses import LOSSES, cross_entropy_loss, get_loss, grpo_loss, k3_kl
 
 RATIOS = [1.1, 1.5, 0.5]
 

@@ -20,8 +20,8 @@ import ray
 from safetensors.torch import load_file
 
 from engine.api import Batch, OptimizerConfig, Request
+from engine.state.layout import gather_shards
 from engine.workers.group import WorkerGroup
-from engine.workers.layout import gather_shards
 from engine.workers.sampling import sequence_logprobs
 from engine.workers.torch_backend import TorchBackend
 
@@ -264,7 +264,7 @@ def test_export_weights_gathers_to_the_hf_weights(groups, model_dir, untied_dir)
 
 
 def test_a_tp2_checkpoint_exports_to_a_hugging_face_folder(groups, batch, model_dir, tmp_path):
-    from engine.artifacts import export_hf
+    from engine.service.artifacts import export_hf
 
     deployment = ("export-final", "policy")
     create(groups[2], deployment, model_dir)

@@ -13,11 +13,10 @@ import dataclasses
 
 import pytest
 
-from engine.eventlog import read_events
-from engine.rl.grpo import GRPOConfig
-from engine.runtime import JobRun, run_jobs, write_run_outputs
-from engine.scheduler.placement import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
-from engine.spec import JobSpec
+from engine.api import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
+from engine.service.eventlog import read_events
+from engine.service.runtime import JobRun, run_jobs, write_run_outputs
+from engine.spec import GRPOConfig, JobSpec
 from engine.workers.group import Swapping, WorkerGroup
 
 BASE = JobSpec(task="arith", model="tiny-arith", steps=3, seed=0, rollout="torch", trainer="torch",
@@ -116,7 +115,7 @@ def test_a_split_deployment_keeps_its_trainer_and_rollout_states_apart(ray_engin
     import torch
 
     from engine.client import Batch, Client, OptimizerConfig
-    from engine.router import Router
+    from engine.scheduler.router import Router
 
     groups = [WorkerGroup.start(f"split-{side}", threads=1, data_dir=plexrl_home, devices_per_rank=DEVICES,
                                 swapping=Swapping(max_resident=1, write_behind=False), serves=serves)

@@ -15,11 +15,10 @@ from collections import Counter, defaultdict
 import pytest
 import ray
 
-from engine import faults
-from engine.rl.grpo import GRPOConfig
-from engine.service import EngineClient, ServiceConfig
-from engine.spec import JobSpec
-from tests.engine.test_service import finished, metrics, states, wait_for
+from engine.control import EngineClient
+from engine.spec import GRPOConfig, JobSpec, ServiceConfig
+from engine.workers import faults
+from tests.engine.service_helpers import finished, metrics, states, wait_for
 
 # seed 0: every step has groups with mixed rewards, so every step trains (a resumed job must have
 # its weights and optimizer state back to learn the same)

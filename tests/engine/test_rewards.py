@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.rl.rewards import is_well_formed_number, math_reward
+from engine.tasks.rewards import is_well_formed_number, math_reward
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ import ray
 import torch
 
 from engine.client import Batch, OptimizerConfig, SamplingParams
-from engine.router import Router, _open_scheduler_socket
-from engine.scheduler.service import _remove_stale_sockets
-from engine.wire import Closed
+from engine.scheduler.live import _remove_stale_sockets
+from engine.scheduler.router import Router, _open_scheduler_socket
+from engine.support.wire import Closed
 
 GREEDY = SamplingParams(n=1, temperature=0.0, max_tokens=4)
 

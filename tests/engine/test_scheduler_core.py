@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.metering import UsageRecord, device_seconds
+from engine.accounting.metering import UsageRecord, device_seconds
 from engine.scheduler.core import (
     EXEC_FLOOR_S,
     STEP,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.metering import device_seconds
+from engine.accounting.metering import device_seconds
 from engine.scheduler.core import Policy
 from engine.scheduler.placement import assign_wpgs
 from engine.sim.simulate import MODES, CallSpec, SimJob, make_pool, run_dedicated, run_mode, run_pools, summarise

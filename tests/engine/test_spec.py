@@ -5,9 +5,8 @@ import dataclasses
 import pytest
 
 from engine.errors import EngineError, SpecError
-from engine.rl.grpo import GRPOConfig
-from engine.rl.tools import ToolConfig
-from engine.spec import JobSpec
+from engine.spec import GRPOConfig, JobSpec
+from engine.tasks.tools import ToolConfig
 
 
 def test_defaults_are_valid_and_round_trip():
@@ -151,7 +150,17 @@ def test_bad_grpo_values(field, value):
 
 
 def test_good_grpo_edge_values():
-    GRPOConfig(samples_per_prompt=2, clip_eps=0.01, kl_coef=0.0, prompts_per_step=1, eval_every=1, eval_size=1)
+    edge = {"samples_per_prompt": 2, "clip_eps": 0.01, "kl_coef": 0.0, "prompts_per_step": 1, "eval_every": 1,
+            "eval_size": 1}
+    grpo = GRPOConfig(**edge)
+    assert {name: getattr(grpo, name) for name in edge} == edge  # kept as given, none clamped or replaced
+    assert dataclasses.asdict(grpo) == dataclasses.asdict(GRPOConfig()) | edge  # the other fields: defaults
+    spec = JobSpec(grpo=grpo)
+    data = spec.to_dict()
+    assert data["grpo"] == dataclasses.asdict(GRPOConfig()) | edge
+    again = JobSpec.from_dict(data)
+    assert again == spec
+    assert again.grpo == grpo
 
 
 def test_non_numeric_grpo_value_is_a_spec_error():

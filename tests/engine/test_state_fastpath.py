@@ -11,10 +11,10 @@ import pytest
 import ray
 import torch
 
-from engine.state.client import StateClient
+from engine.state.layout import WHOLE
 from engine.state.manager import StateManager
+from engine.state.rank_client import StateClient
 from engine.state.store import UnknownKey
-from engine.workers.layout import WHOLE
 
 
 def _manager(tmp_path, host_dir: str):

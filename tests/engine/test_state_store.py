@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine.state.client import StateClient
+from engine.state.layout import WHOLE, ShardSpec
+from engine.state.rank_client import StateClient
 from engine.state.store import Mismatch, OverBudget, StateError, StateStore, TensorMeta, UnknownKey
-from engine.workers.layout import WHOLE, ShardSpec
 
 
 def _weights(seed: int) -> dict[str, torch.Tensor]:
@@ -306,7 +306,7 @@ def test_swapping_the_same_state_again_maps_no_file(tmp_path, monkeypatch):
     """A swap maps one file per tensor; the norms and biases are small, but there are many. After
     a first round trip, writing and reading the state again (its files come back from the pool
     under their names) must find every mapping kept: mapping a file costs as much as copying it."""
-    import engine.state.client as state_client
+    import engine.state.rank_client as state_client
 
     store = _store(tmp_path)
     client = StateClient(store, "wpg")
@@ -329,7 +329,7 @@ def test_reading_a_kept_mapping_again_opens_no_descriptor(tmp_path):
     """A rank reads the same host files at every swap-in. The first read maps a file and keeps the
     mapping (with its descriptor); later reads find it by inode and must not leave the descriptor
     they opened to look the inode up: a leak of one per read ran a demo worker out of descriptors."""
-    from engine.state.client import HostMaps
+    from engine.state.rank_client import HostMaps
 
     meta = TensorMeta("float32", (256, 64))  # 64 KiB: large enough to be kept
     path = tmp_path / "blob"
@@ -356,9 +356,9 @@ def test_a_dead_stores_shared_memory_is_removed_by_the_next_store(tmp_path):
     script = (
         "import sys, torch\n"
         "from pathlib import Path\n"
-        "from engine.state.client import StateClient\n"
+        "from engine.state.rank_client import StateClient\n"
         "from engine.state.store import StateStore\n"
-        "from engine.workers.layout import WHOLE\n"
+        "from engine.state.layout import WHOLE\n"
         f"store = StateStore(Path({str(tmp_path / 'state-dead')!r}), Path({str(shm / 'dead')!r}))\n"
         "StateClient(store, 'wpg').write('job/policy', {('w', WHOLE): torch.ones(1000)})\n"
         "print('ready', flush=True)\n"
@@ -395,7 +395,7 @@ def test_keys_sent_to_another_process_find_its_entries():
     sent = pickle.dumps([WHOLE, ShardSpec(0, 1, 2), TensorMeta("float32", (2, 3))]).hex()
     code = ("import pickle, sys\n"
             "from engine.state.store import TensorMeta\n"
-            "from engine.workers.layout import WHOLE, ShardSpec\n"
+            "from engine.state.layout import WHOLE, ShardSpec\n"
             "got = pickle.loads(bytes.fromhex(sys.stdin.read()))\n"
             "table = {WHOLE: 0, ShardSpec(0, 1, 2): 1, TensorMeta('float32', (2, 3)): 2}\n"
             "print([table.get(k) for k in got], got[2].nbytes)\n")

@@ -9,7 +9,7 @@ import ray
 import torch
 
 from engine.client import Batch, Client, OptimizerConfig, SamplingParams
-from engine.router import Router
+from engine.scheduler.router import Router
 from engine.workers.group import Swapping, WorkerGroup
 
 PROBLEMS = [["12+7=", "3-5=", "40+1-2="], ["99-9=", "5+5=", "1+2+3="], ["7-8=", "60+6=", "11-1-1="]]
@@ -139,7 +139,7 @@ def test_a_failed_write_behind_puts_the_state_back(tmp_path, tiny_model_dir):
     """The background write of a swapped-out job fails (the host tier is full): the job's state
     goes back on the device, unchanged, and the error reaches the next call that needs it."""
     from engine.api import OptimizerConfig as Opt
-    from engine.state.client import StateClient as Client_
+    from engine.state.rank_client import StateClient as Client_
     from engine.state.store import OverBudget, StateStore
     from engine.workers.torch_backend import TorchBackend
 

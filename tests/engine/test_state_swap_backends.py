@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import load_file
 
 from engine.api import Batch, OptimizerConfig, Request, SamplingParams
-from engine.state.client import StateClient
+from engine.state.layout import WHOLE, gather_shards, hf_to_megatron, megatron_param_parts, megatron_to_hf
+from engine.state.rank_client import StateClient
 from engine.workers.group import Swapping, WorkerGroup
-from engine.workers.layout import WHOLE, gather_shards, hf_to_megatron, megatron_param_parts, megatron_to_hf
 
 VOCAB = 64
 PAD, EOS = 0, 1

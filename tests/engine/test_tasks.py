@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from engine.rl.tasks import ArithTask, Problem, eval_problems, get_task, is_held_out
+from engine.tasks.arithmetic import ArithTask, Problem, eval_problems, is_held_out
+from engine.tasks.registry import get_task
 
 PROBLEM = re.compile(r"(\d+)([+-]\d+){1,2}=")
 

@@ -6,7 +6,8 @@ from itertools import pairwise
 
 import pytest
 
-from engine.models.tiny import TINY_ARITH, lr_at
+from engine.models.presets import TINY_ARITH
+from engine.models.tiny import lr_at
 
 
 @pytest.mark.parametrize(("total", "warm", "decay"), [(1200, 0.05, 0.05), (30, 0.05, 0.05), (100, 0.1, 0.3)])
@@ -31,8 +32,9 @@ def test_tools_preset_learns_only_what_the_model_writes():
     """Tool traces teach the call and the EOS after the result, never the result the environment
     inserts (as in RL); direct answers teach the answer and EOS, as in tiny-arith."""
     from engine.models import PRESETS
-    from engine.models.tiny import TINY_ARITH_TOOLS, _sft_batch, train_tokenizer
-    from engine.rl.tasks import Problem, eval_problems
+    from engine.models.presets import TINY_ARITH_TOOLS
+    from engine.models.tiny import _sft_batch, train_tokenizer
+    from engine.tasks.arithmetic import Problem, eval_problems
 
     assert PRESETS["tiny-arith-tools"] is TINY_ARITH_TOOLS
     assert TINY_ARITH_TOOLS.tool_fraction > 0
@@ -54,7 +56,7 @@ def test_a_saved_tokenizer_loads_as_it_was_saved(tmp_path):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config
 
-    from engine.tokenizer import load_tokenizer
+    from engine.workers.tokenizer import load_tokenizer
 
     tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\d+|."), behavior="isolated")

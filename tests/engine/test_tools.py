@@ -12,8 +12,8 @@ import pytest
 from engine.api import Completion, SamplingParams
 from engine.errors import SpecError
 from engine.models.tiny import train_tokenizer
-from engine.rl.tasks import ArithToolsTask, eval_problems
-from engine.rl.tools import (
+from engine.tasks.arithmetic import ArithToolsTask, eval_problems
+from engine.tasks.tools import (
     ERROR_MARKER,
     ToolConfig,
     ToolError,
@@ -327,7 +327,7 @@ def test_a_tokenizer_without_tool_tokens_is_refused():
 
 
 def test_answer_of_cuts_calls_and_failed_results():
-    from engine.rl.tools import ToolCall, Turn
+    from engine.tasks.tools import ToolCall, Turn
 
     ok, bad = ToolCall("1+1", "2", [], 0.0), ToolCall("1+", ERROR_MARKER, [], 0.0)
     assert answer_of([Turn([], [], [], "[1+1]", ok), Turn([], [], [], "", None)]) == "2"

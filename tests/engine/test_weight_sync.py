@@ -9,9 +9,9 @@ import ray
 import torch
 
 from engine.api import Batch, OptimizerConfig, SamplingParams
-from engine.router import Router
 from engine.scheduler.placement import Placement
-from engine.workers.layout import gather_shards
+from engine.scheduler.router import Router
+from engine.state.layout import gather_shards
 from engine.workers.sampling import sample
 
 PROBLEMS = ["12+7=", "3-5=", "40+1-2=", "99-99=", "8+8=", "61-7+3=", "25+25=", "9-18+2="]

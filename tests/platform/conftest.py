@@ -4,19 +4,20 @@ The database: pytest-django reads the settings before any conftest runs, so DATA
 default (the local PostgreSQL) is set in pyproject's ``env`` option, not here.
 """
 
+import copy
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
 
 from accounts import services
-from accounts.models import Organization, Role, User
-from tests.platform.factories import MembershipFactory, OrganizationFactory
+from accounts.models import Organization, User
+from tests.platform.tenants import Tenant, make_tenant
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,29 +76,6 @@ def _fast_passwords_and_fresh_throttles(settings):
     cache.clear()
 
 
-@dataclass
-class Tenant:
-    """One organization with a member of each role."""
-
-    organization: Organization
-    owner: User
-    admin: User
-    member: User
-    viewer: User
-
-    def user(self, role: str) -> User:
-        return getattr(self, role)
-
-
-def make_tenant(name: str) -> Tenant:
-    organization = OrganizationFactory(name=name.capitalize(), slug=name)
-    users = {
-        role: MembershipFactory(organization=organization, role=role, user__username=f"{name}-{role}").user
-        for role in (Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER)
-    }
-    return Tenant(organization=organization, **users)
-
-
 @pytest.fixture
 def tenant(db) -> Tenant:
     """The organization the tests act in: acme."""
@@ -141,3 +119,16 @@ def session_client(db) -> Callable[[User], APIClient]:
         return client
 
     return make
+
+
+# --- websockets ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_channel_layer(settings):
+    """The settings' channel layer under a prefix of this test alone: other test runs share the
+    Redis database. The websocket tests use it on every test (``pytest.mark.usefixtures``)."""
+    layer = copy.deepcopy(settings.CHANNEL_LAYERS["default"])
+    assert layer["BACKEND"] == "channels_redis.core.RedisChannelLayer"  # REDIS_URL is set in tests
+    layer["CONFIG"]["prefix"] = f"test-ws-{uuid.uuid4().hex}"
+    settings.CHANNEL_LAYERS = {"default": layer}

@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def build_engine_home(home: Path) -> Path:
     """``home`` with the tiny-arith preset built (a short supervised phase: plumbing, not skill)."""
-    from engine.models.tiny import TINY_ARITH, build_preset
+    from engine.models.presets import TINY_ARITH
+    from engine.models.tiny import build_preset
 
     build_preset(dataclasses.replace(TINY_ARITH, sft_steps=150, eval_size=20, threads=1),
                  home / "models" / TINY_ARITH.name)

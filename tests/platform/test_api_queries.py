@@ -8,12 +8,12 @@ import pytest
 
 from accounts import services as account_services
 from accounts.models import Role
-from jobs import services
+from jobs import ingest, services
 from jobs.models import JobMetric
+from tests.platform.builders import SPEC
 
 pytestmark = pytest.mark.django_db
 
-SPEC = {"task": "arith", "steps": 3}
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_a_job_takes_two_queries(jobs, viewer, django_assert_num_queries):
 
 def test_the_savings_report_takes_two_queries_however_long_the_ledger(jobs, viewer, django_assert_num_queries):
     """It reads each job's ledger totals, never the usage rows (thousands a job)."""
-    services.ingest_events(job=jobs[0], events=[
+    ingest.ingest_events(job=jobs[0], events=[
         {"seq": 10 + i, "kind": "usage", "ts": 0.0, "data": {"call": i, "role": "policy", "fn": "generate",
                                                           "wpg": "g", "devices": 1.0, "start": i, "end": i + 0.5}}
         for i in range(50)])

@@ -3,11 +3,11 @@ within the organization only."""
 
 import pytest
 
-from jobs import services
+from jobs import ingest, services
+from tests.platform.builders import SPEC
 
 pytestmark = pytest.mark.django_db
 
-SPEC = {"task": "arith", "steps": 3}
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def job_with_artifact(tenant, tmp_path):
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"weights" * 10)
     (folder / "config.json").write_text('{"model_type": "qwen2"}')
-    services.ingest_events(job=job, events=[
+    ingest.ingest_events(job=job, events=[
         {"seq": 1, "kind": "artifact", "ts": 1.0,
          "data": {"name": "final", "path": str(folder), "files": ["config.json", "model.safetensors"]}}])
     return job

@@ -9,15 +9,14 @@ import threading
 
 import pytest
 from asgiref.sync import SyncToAsync
-from asgiref.testing import ApplicationCommunicator
 from django.core import signals
 from django.core.handlers.asgi import ASGIHandler
 from django.http import StreamingHttpResponse
 from django.urls import path
 
 import config.urls
-from config.asgi import application
 from config.http import OneHopASGIHandler
+from tests.platform.asgi_client import get
 
 
 def test_the_middleware_stack_runs_synchronously_in_one_thread_under_asgi(caplog, settings):
@@ -46,28 +45,7 @@ def _broken(request):
     raise RuntimeError("s3cr3t detail")
 
 
-HOST = [(b"host", b"localhost")]
 urlpatterns = [path("streamed", _streamed), path("broken", _broken), *config.urls.urlpatterns]
-
-
-async def get(path_: str) -> dict:
-    """GET ``path_`` from ``config.asgi``'s application: ``{"status", "headers", "body"}`` (the body
-    of every ``http.response.body`` message; the last may carry none, which ASGI allows)."""
-    scope = {"type": "http", "http_version": "1.1", "method": "GET", "path": path_, "raw_path": path_.encode(),
-             "query_string": b"", "headers": HOST, "scheme": "http", "server": ("localhost", 80)}
-    communicator = ApplicationCommunicator(application, scope)
-    await communicator.send_input({"type": "http.request", "body": b""})
-    start = await communicator.receive_output(5)
-    assert start["type"] == "http.response.start"
-    body = b""
-    while True:
-        message = await communicator.receive_output(5)
-        assert message["type"] == "http.response.body"
-        body += message.get("body", b"")
-        if not message.get("more_body", False):
-            break
-    await communicator.wait(5)
-    return {"status": start["status"], "headers": start["headers"], "body": body}
 
 
 @pytest.fixture

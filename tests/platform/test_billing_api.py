@@ -1,6 +1,6 @@
 """The billing REST API with two tenants: the usage ledger and the savings report (JSON and CSV).
 
-Usage rows arrive through ``jobs.services.ingest_events`` as the engine's ``usage`` events; each
+Usage rows arrive through ``jobs.ingest.ingest_events`` as the engine's ``usage`` events; each
 tenant sees only its own rows and jobs. Viewers can read both.
 """
 
@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from jobs import services
+from jobs import ingest, services
 from jobs.models import Job, JobState
 
 pytestmark = pytest.mark.django_db
@@ -46,7 +46,7 @@ def run(job, *usage):
     events = [{"seq": 1, "kind": "state", "ts": 1.0, "data": {"state": "running"}}]
     events += [usage_event(i + 2, job=job, **u) for i, u in enumerate(usage)]
     events.append({"seq": len(events) + 1, "kind": "state", "ts": 100.0, "data": {"state": "succeeded"}})
-    services.ingest_events(job=job, events=events)
+    ingest.ingest_events(job=job, events=events)
     job.refresh_from_db()
     return job
 
@@ -104,7 +104,7 @@ def test_usage_needs_authentication(api_client, ledger):
 
 def test_usage_replayed_events_are_not_counted_twice(tenant, token_client, ledger):
     job = ledger["a"]
-    assert services.ingest_events(job=job, events=[usage_event(2, job=job, call=1, start=10.0, end=20.0)]) == 0
+    assert ingest.ingest_events(job=job, events=[usage_event(2, job=job, call=1, start=10.0, end=20.0)]) == 0
     assert token_client(tenant.viewer, tenant.organization).get(USAGE).json()["count"] == 3
 
 

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 from billing import selectors, tasks
 from billing.models import CapacitySample
-from jobs import services
+from jobs import ingest, services
 from jobs.models import Job
 from tests.platform.factories import UserFactory
 
@@ -48,7 +48,7 @@ def run(job, *calls):
                 "devices": c.get("devices", 1.0), "start": c["start"], "end": c["end"], "setup_s": 0.0,
                 "exec_s": c["end"] - c["start"], "call": c["call"], "tenant": "", "queued_s": 0.0}  # fmt: skip
         events.append({"seq": i + 2, "kind": "usage", "ts": c["end"], "data": data})
-    services.ingest_events(job=job, events=events)
+    ingest.ingest_events(job=job, events=events)
     job.refresh_from_db()
     return job
 
@@ -370,9 +370,9 @@ def test_work_a_recovery_redid_is_on_the_ledger_and_not_billed(tenant, token_cli
     after = [{"seq": 5, "kind": "recovery", "ts": 3.0, "data": {"message": "driver died", "attempt": 1,
                                                                 "redone_after_seq": 3}},
              call(6, 3, 2)]  # fmt: skip
-    services.ingest_events(job=job, events=before)  # the redone row came in an earlier pull
-    services.ingest_events(job=job, events=after)
-    services.ingest_events(job=job, events=before + after)  # a replayed pull changes nothing
+    ingest.ingest_events(job=job, events=before)  # the redone row came in an earlier pull
+    ingest.ingest_events(job=job, events=after)
+    ingest.ingest_events(job=job, events=before + after)  # a replayed pull changes nothing
     assert dict(job.usage.values_list("seq", "redone")) == {2: False, 4: True, 6: False}
 
     client = token_client(tenant.viewer, tenant.organization)
@@ -403,7 +403,7 @@ def test_the_migration_sums_the_ledgers_already_there(tenant):
     from django.db.migrations.executor import MigrationExecutor
 
     from billing.selectors import job_savings
-    from engine.metering import savings_of_rows
+    from engine.accounting.metering import savings_of_rows
 
     job = make_job(tenant, name="old")
     rows = [{"seq": s, "call": s // 2, "role": "policy", "fn": "generate" if s % 3 else "sync_weights",

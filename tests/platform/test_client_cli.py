@@ -1,4 +1,4 @@
-"""The REST client (``engine.restclient``) and the ``plexrl`` platform commands against a live
+"""The REST client (``engine.cli.restclient``) and the ``plexrl`` platform commands against a live
 server: daphne on the test database, the CLI in subprocesses. No Celery worker runs, so jobs never
 reach the engine; their metrics, usage and state changes are ingested from here, as the worker's
 event pull would."""
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine import restclient
-from engine.restclient import ApiError, PlatformClient, Unreachable
+from engine.cli import restclient
+from engine.cli.restclient import ApiError, PlatformClient, Unreachable
 from tests.platform import live
 
 SPEC = {"task": "arith", "model": "tiny-arith", "steps": 5, "seed": 1, "rollout": "torch", "trainer": "torch"}
@@ -83,10 +83,10 @@ def globex(server) -> Org:
 
 def ingest(job_id: int, *events: dict) -> None:
     """Events of the job's engine log, as the worker's pull would bring them."""
-    from jobs import services
+    from jobs import ingest
     from jobs.models import Job
 
-    services.ingest_events(job=Job.objects.get(pk=job_id), events=list(events))
+    ingest.ingest_events(job=Job.objects.get(pk=job_id), events=list(events))
 
 
 def state(seq: int, name: str, **extra) -> dict:

@@ -7,14 +7,14 @@ import time
 import pytest
 from django.utils import timezone
 
-from jobs import services
+from jobs import ingest, services
 from jobs.models import Job, JobState
+from tests.platform.builders import SPEC
 from tests.platform.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
 CLUSTER = "/api/v1/cluster/"
-SPEC = {"task": "arith", "steps": 3}
 
 
 def make_job(tenant, *, name, state=JobState.QUEUED, rollout=1, train=1) -> Job:
@@ -95,7 +95,7 @@ def test_an_empty_cluster(tenant, token_client):
 def ran(job: Job, *calls: tuple[int, str, float, float, float]) -> None:
     """Ingest usage events ``(seq, wpg, seconds ago it started, seconds ago it ended, devices)``."""
     now = time.time()
-    services.ingest_events(job=job, events=[
+    ingest.ingest_events(job=job, events=[
         {"seq": seq, "kind": "usage", "ts": now - end, "data": {
             "role": "policy", "fn": "generate", "wpg": wpg, "devices": devices, "start": now - start,
             "end": now - end, "call": seq}}

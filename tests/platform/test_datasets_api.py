@@ -14,12 +14,11 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from accounts.models import AuditLog
 from jobs import datasets, services
 from jobs.models import Dataset, Job, JobState
+from tests.platform.builders import JOBS, ROWS, jsonl, make_dataset
 
 pytestmark = pytest.mark.django_db
 
 DATASETS = "/api/v1/datasets/"
-JOBS = "/api/v1/jobs/"
-ROWS = [{"prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(12)]
 
 
 @pytest.fixture(autouse=True)
@@ -27,10 +26,6 @@ def home(settings, tmp_path) -> Path:
     """A temporary PLEXRL_HOME for the dataset files."""
     settings.PLEXRL_HOME = tmp_path / "home"
     return settings.PLEXRL_HOME
-
-
-def jsonl(rows=ROWS) -> bytes:
-    return "".join(json.dumps(row) + "\n" for row in rows).encode()
 
 
 def upload(client, name="sums", content=None, filename="sums.jsonl", **extra):
@@ -41,11 +36,6 @@ def upload(client, name="sums", content=None, filename="sums.jsonl", **extra):
 
 def stored_files(home: Path) -> list[Path]:
     return sorted(p for p in (home / "datasets").rglob("*") if p.is_file()) if (home / "datasets").exists() else []
-
-
-def make_dataset(tenant, *, user=None, name="sums", rows=ROWS) -> Dataset:
-    return datasets.dataset_create(organization=tenant.organization, user=user or tenant.member, name=name,
-                                   upload=SimpleUploadedFile("d.jsonl", jsonl(rows)))
 
 
 # --- upload ---------------------------------------------------------------------------------------

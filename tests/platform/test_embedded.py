@@ -26,7 +26,7 @@ SPEC = {"task": "arith", "model": "tiny-arith", "steps": 3, "seed": 2, "rollout"
 def test_plexrl_up_runs_a_job_end_to_end_and_stops_cleanly_on_ctrl_c(engine_home, tmp_path):
     from websockets.sync.client import connect
 
-    from engine.restclient import PlatformClient
+    from engine.cli.restclient import PlatformClient
 
     home = tmp_path / "home"
     (home / "models").mkdir(parents=True)

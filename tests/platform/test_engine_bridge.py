@@ -10,10 +10,7 @@ import redis
 from django.conf import settings
 
 from tests.platform import live
-
-SPEC = {"task": "arith", "model": "tiny-arith", "steps": 3, "seed": 5, "rollout": "torch", "trainer": "torch",
-        "grpo": {"prompts_per_step": 8, "samples_per_prompt": 4, "updates_per_step": 2, "eval_every": 3,
-                 "eval_size": 10, "max_tokens": 6}}
+from tests.platform.builders import ENGINE_SPEC
 
 
 @pytest.fixture
@@ -52,7 +49,7 @@ def test_a_job_runs_through_celery_and_the_engine_and_its_pull_is_idempotent(wor
 
     from accounts.services import organization_create
     from billing.tasks import push_budget
-    from engine.service import events_path
+    from engine.paths import events_path
     from jobs import services, tasks
     from jobs.models import Job, JobState
     from tests.platform.factories import UserFactory
@@ -60,7 +57,7 @@ def test_a_job_runs_through_celery_and_the_engine_and_its_pull_is_idempotent(wor
     owner = UserFactory()
     org = organization_create(name="Bridge Lab", owner=owner)
     push_budget.delay(org.pk, 1e9)  # the engine holds the organization's budget: ample here
-    job = services.job_create(organization=org, user=owner, spec=SPEC, name="tiny", rollout_devices=1,
+    job = services.job_create(organization=org, user=owner, spec=ENGINE_SPEC, name="tiny", rollout_devices=1,
                               train_devices=1)  # committed: its launch goes to Redis after commit
 
     def refresh():

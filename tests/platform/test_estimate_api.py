@@ -5,12 +5,11 @@ with the estimate beside what was billed. The figures go through billing's own s
 
 import pytest
 
-from engine.estimate import estimate, write_profile
-from engine.metering import UsageRecord, record_rows, savings_of_rows
+from engine.accounting.estimate import estimate, write_profile
+from engine.accounting.metering import UsageRecord, record_rows, savings_of_rows
 from engine.spec import JobSpec
 from jobs.models import Job
-from tests.platform.test_datasets_api import make_dataset
-from tests.platform.test_jobs_api import JOBS, SPEC, ingest, usage_event
+from tests.platform.builders import JOBS, SPEC, ingest, make_dataset, usage_event
 
 pytestmark = pytest.mark.django_db
 

@@ -17,9 +17,9 @@ import pytest
 import redis
 from django.conf import settings
 
-from engine.service import events_path
+from engine.paths import events_path
 from tests.platform import live
-from tests.platform.test_engine_bridge import SPEC
+from tests.platform.builders import ENGINE_SPEC
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
 
@@ -74,7 +74,7 @@ def test_a_celery_worker_killed_mid_launch_loses_no_job(production, tmp_path):
 
     owner = UserFactory()
     org = organization_create(name="Fault Lab", owner=owner)
-    job = services.job_create(organization=org, user=owner, spec=SPEC, name="tiny", rollout_devices=1,
+    job = services.job_create(organization=org, user=owner, spec=ENGINE_SPEC, name="tiny", rollout_devices=1,
                               train_devices=1)  # committed: its launch task is in Redis
     (tmp_path / "a").mkdir()
     # The first worker's engine address leads nowhere, so its launch hangs connecting and the kill
@@ -150,7 +150,7 @@ def test_a_service_restart_mid_run_loses_nothing(production, tmp_path, restart):
     from accounts.services import organization_create
 
     org = organization_create(name="Fault Lab", owner=owner)
-    spec = {**SPEC, "steps": 6}
+    spec = {**ENGINE_SPEC, "steps": 6}
     worker = live.celery_worker(production, tmp_path, beat=True)  # its beat pulls every 2 s
     try:
         job = services.job_create(organization=org, user=owner, spec=spec, name="tiny", rollout_devices=1,
@@ -218,7 +218,7 @@ def test_a_web_server_killed_mid_run_leaves_its_clients_every_point_once(product
 
     second = None
     try:
-        job = services.job_create(organization=org, user=owner, spec={**SPEC, "steps": 6}, name="tiny",
+        job = services.job_create(organization=org, user=owner, spec={**ENGINE_SPEC, "steps": 6}, name="tiny",
                                   rollout_devices=1, train_devices=1)
         listen(url, until_points=2, then=server.kill_group)
         assert server.returncode is not None

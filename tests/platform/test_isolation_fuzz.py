@@ -21,7 +21,7 @@ from billing.models import UsageEntry
 from billing.services import usage_totals_refresh
 from config.wsgi import application
 from jobs.models import Dataset, Job, JobMetric, JobState
-from tests.platform.conftest import make_tenant
+from tests.platform.tenants import make_tenant
 
 schema = schemathesis.openapi.from_wsgi("/api/schema/", application)
 OTHER = "globex"  # the other organization: its slug, its users' names, its objects' names

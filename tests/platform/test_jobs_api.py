@@ -16,13 +16,10 @@ from accounts import services as account_services
 from accounts.models import AuditLog, Quota, Role
 from jobs import services
 from jobs.models import Job, JobEvent, JobMetric, JobState
+from tests.platform.builders import JOBS, SPEC, ingest, metrics_event, state_event, usage_event
 from tests.platform.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
-
-JOBS = "/api/v1/jobs/"
-SPEC = {"task": "arith", "steps": 3}
-
 
 def job_url(job, action: str = "") -> str:
     return f"{JOBS}{job.pk}/{action + '/' if action else ''}"
@@ -37,40 +34,6 @@ def make_job(tenant, *, user=None, state=JobState.QUEUED, name="run", **fields) 
         Job.objects.filter(pk=job.pk).update(state=state, started_at=timezone.now())
         job.refresh_from_db()
     return job
-
-
-def ingest(job, *events) -> int:
-    return services.ingest_events(job=job, events=list(events))
-
-
-def state_event(seq, state, ts=1.0, **data):
-    return {"seq": seq, "kind": "state", "ts": ts, "data": {"state": state, **data}}
-
-
-def metrics_event(seq, step, ts=2.0, **data):
-    return {"seq": seq, "kind": "metrics", "ts": ts, "data": {"step": step, "reward": 0.5, **data}}
-
-
-def usage_event(seq, *, job, call=1, start=10.0, end=12.0, devices=1.0, role="policy", fn="generate"):
-    return {
-        "seq": seq,
-        "kind": "usage",
-        "ts": end,
-        "data": {
-            "job": job.engine_id,
-            "role": role,
-            "fn": fn,
-            "wpg": "w",
-            "devices": devices,
-            "start": start,
-            "end": end,
-            "setup_s": 0.0,
-            "exec_s": end - start,
-            "call": call,
-            "tenant": "",
-            "queued_s": 0.0,
-        },
-    }
 
 
 # --- create -------------------------------------------------------------------------------------

@@ -5,10 +5,10 @@ from django.http import Http404
 
 from jobs import selectors, services
 from jobs.models import JobMetric
+from tests.platform.builders import SPEC
 
 pytestmark = pytest.mark.django_db
 
-SPEC = {"task": "arith", "steps": 3}
 
 
 def test_a_job_is_found_in_its_organization_only(tenant, other_tenant):

@@ -14,8 +14,9 @@ from accounts.services import organization_create
 from billing.models import UsageEntry
 from billing.selectors import job_savings
 from billing.tasks import enforce_quotas
-from jobs import services
+from jobs import ingest, services
 from jobs.models import Job, JobEvent, JobMetric, JobState
+from tests.platform.builders import metrics, state, usage
 from tests.platform.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -26,21 +27,6 @@ SPEC = {"task": "arith", "model": "tiny-arith", "steps": 3, "seed": 1, "rollout"
 def org():
     owner = UserFactory()
     return organization_create(name="Lab", owner=owner), owner
-
-
-def usage(seq: int, call: int, start: float, end: float, *, devices: float = 1.0, queued: float = 0.0,
-          setup: float = 0.0, wpg: str = "w", fn: str = "generate") -> dict:
-    return {"seq": seq, "kind": "usage", "ts": end, "data": {
-        "job": "job-x", "role": "policy", "fn": fn, "wpg": wpg, "devices": devices, "start": start, "end": end,
-        "setup_s": setup, "exec_s": end - start - setup, "call": call, "tenant": "", "queued_s": queued}}
-
-
-def state(seq: int, name: str, **extra) -> dict:
-    return {"seq": seq, "kind": "state", "ts": 1000.0 + seq, "data": {"state": name, **extra}}
-
-
-def metrics(seq: int, step: int) -> dict:
-    return {"seq": seq, "kind": "metrics", "ts": 1000.0 + seq, "data": {"step": step, "reward_mean": 0.5}}
 
 
 def test_the_engine_spec_validates_and_its_errors_name_the_field(org):
@@ -80,17 +66,17 @@ def test_ingestion_is_idempotent_and_follows_the_engine_state(org):
     job = services.job_create(organization=organization, user=owner, spec=SPEC)
     log = [state(1, "queued"), state(2, "running"), metrics(3, 1), usage(4, 1, 10.0, 12.0), metrics(5, 2),
            usage(6, 2, 12.5, 14.0), metrics(7, 3)]
-    assert services.ingest_events(job=job, events=log[:3]) == 3
+    assert ingest.ingest_events(job=job, events=log[:3]) == 3
     job.refresh_from_db()
     assert job.state == JobState.PROFILING  # the scheduler profiles a new job's first steps
     assert job.started_at is not None
-    assert services.ingest_events(job=job, events=log) == 4
+    assert ingest.ingest_events(job=job, events=log) == 4
     job.refresh_from_db()
     assert job.state == JobState.RUNNING
-    assert services.ingest_events(job=job, events=log) == 0  # a replay: nothing new
+    assert ingest.ingest_events(job=job, events=log) == 0  # a replay: nothing new
     Job.objects.filter(pk=job.pk).update(event_cursor=0)  # a replay from the start: upserts
     job.refresh_from_db()
-    services.ingest_events(job=job, events=[*log, state(8, "succeeded")])
+    ingest.ingest_events(job=job, events=[*log, state(8, "succeeded")])
     job.refresh_from_db()
     assert job.state == JobState.SUCCEEDED
     assert job.finished_at is not None
@@ -102,15 +88,15 @@ def test_ingestion_is_idempotent_and_follows_the_engine_state(org):
 def test_a_cancelled_or_paused_job_keeps_the_platforms_decision(org):
     organization, owner = org
     job = services.job_create(organization=organization, user=owner, spec=SPEC)
-    services.ingest_events(job=job, events=[state(1, "queued"), state(2, "running")])
+    ingest.ingest_events(job=job, events=[state(1, "queued"), state(2, "running")])
     services.job_pause(job=job, actor=owner)
-    services.ingest_events(job=job, events=[metrics(3, 1), state(4, "paused"), state(5, "running")])
+    ingest.ingest_events(job=job, events=[metrics(3, 1), state(4, "paused"), state(5, "running")])
     job.refresh_from_db()
     assert job.state == JobState.PAUSED  # only the platform resumes
     with pytest.raises(services.InvalidTransition):
         services.job_pause(job=job, actor=owner)
     services.job_cancel(job=job, actor=owner, reason="enough")
-    services.ingest_events(job=job, events=[state(6, "cancelled", reason="enough")])
+    ingest.ingest_events(job=job, events=[state(6, "cancelled", reason="enough")])
     job.refresh_from_db()
     assert (job.state, job.state_reason) == (JobState.CANCELLED, "enough")
     with pytest.raises(services.InvalidTransition):
@@ -123,7 +109,7 @@ def test_savings_against_the_dedicated_counterfactual(org):
                               deployment_mode="isolated_split")
     # calls on two 1-device groups over [0, 10]: 2 s rollout, 3 s train (queued 1 s first, 0.5 s switch),
     # a 1 s sync held by both groups (one call, two rows)
-    services.ingest_events(job=job, events=[
+    ingest.ingest_events(job=job, events=[
         usage(1, 1, 0.0, 2.0), usage(2, 2, 4.0, 7.0, queued=1.0, setup=0.5, wpg="t", fn="forward_backward"),
         usage(3, 3, 9.0, 10.0, wpg="w", fn="sync_weights"), usage(4, 3, 9.0, 10.0, wpg="t", fn="sync_weights")])
     s = job_savings(job=job)
@@ -154,9 +140,9 @@ def mid_month(monkeypatch) -> float:
 def test_quota_enforcement_pauses_over_budget_and_resumes_when_raised(org, mid_month):
     organization, owner = org
     job = services.job_create(organization=organization, user=owner, spec=SPEC)
-    services.ingest_events(job=job, events=[state(1, "running")])
+    ingest.ingest_events(job=job, events=[state(1, "running")])
     now = mid_month
-    services.ingest_events(job=job, events=[usage(2, 1, now - 7200, now, devices=1.0)])  # 2 device-hours
+    ingest.ingest_events(job=job, events=[usage(2, 1, now - 7200, now, devices=1.0)])  # 2 device-hours
     Quota.objects.update_or_create(organization=organization, defaults={"device_hours_per_month": 1})
     # the engine is told what is left (here an overrun of one device-hour: it starts nothing more)
     assert enforce_quotas() == {"paused": 1, "resumed": 0, "budgets": {organization.pk: pytest.approx(-3600.0)}}
@@ -177,8 +163,8 @@ def test_quota_usage_counts_active_jobs_and_this_months_device_hours(org, mid_mo
     organization, owner = org
     job = services.job_create(organization=organization, user=owner, spec=SPEC)
     now = mid_month
-    services.ingest_events(job=job, events=[usage(1, 1, now - 1800, now, devices=2.0)])  # 1 device-hour
-    services.ingest_events(job=job, events=[usage(2, 2, 0.0, 3600.0, devices=1.0)])  # 1970: another month
+    ingest.ingest_events(job=job, events=[usage(1, 1, now - 1800, now, devices=2.0)])  # 1 device-hour
+    ingest.ingest_events(job=job, events=[usage(2, 2, 0.0, 3600.0, devices=1.0)])  # 1970: another month
     assert quota_usage(organization=organization) == {"device_hours_this_month": 1.0, "over_budget_device_hours": None,
                                                       "concurrent_jobs": 1}
     services.job_cancel(job=job, actor=owner)
@@ -191,10 +177,10 @@ def test_quota_usage_reports_the_overrun_past_the_budget(org, mid_month):
     organization, owner = org
     job = services.job_create(organization=organization, user=owner, spec=SPEC)
     Quota.objects.update_or_create(organization=organization, defaults={"device_hours_per_month": 2.5})
-    services.ingest_events(job=job, events=[usage(1, 1, mid_month - 3600, mid_month, devices=2.0)])  # 2 hours
+    ingest.ingest_events(job=job, events=[usage(1, 1, mid_month - 3600, mid_month, devices=2.0)])  # 2 hours
     assert quota_usage(organization=organization)["over_budget_device_hours"] == 0.0  # within it
     # the call running as the budget ran out ends: one device-hour, half of it past the budget
-    services.ingest_events(job=job, events=[usage(2, 2, mid_month - 1800, mid_month, devices=2.0)])
+    ingest.ingest_events(job=job, events=[usage(2, 2, mid_month - 1800, mid_month, devices=2.0)])
     assert quota_usage(organization=organization)["over_budget_device_hours"] == 0.5
 
 
@@ -207,7 +193,7 @@ def test_the_kept_ledger_totals_give_the_savings_the_rows_give(org, mode):
 
     from billing.models import UsageEntry
     from billing.selectors import savings_of
-    from engine.metering import savings_of_rows
+    from engine.accounting.metering import savings_of_rows
 
     organization, owner = org
     job = services.job_create(organization=organization, user=owner, spec=SPEC, rollout_devices=2,
@@ -227,7 +213,7 @@ def test_the_kept_ledger_totals_give_the_savings_the_rows_give(org, mode):
         t = end
     # the recovery comes alone in a pull; the last pull replays every event
     for lo, hi in ((0, 10), (10, 39), (39, 40), (40, 60), (0, 60)):
-        services.ingest_events(job=job, events=events[lo:hi])
+        ingest.ingest_events(job=job, events=events[lo:hi])
         job = Job.objects.select_related("usage_totals").get(pk=job.pk)
         rows = list(UsageEntry.objects.filter(job=job).order_by("seq").values())
         expected = savings_of_rows([r for r in rows if not r["redone"]], 5, mode)

@@ -5,18 +5,20 @@ hold config.json, *.safetensors weights and a tokenizer file. A job naming a reg
 stores its folder; a preset or an unknown name is left to the engine; a path is refused.
 """
 
+import datetime as dt
 from pathlib import Path
 
 import pytest
 
+from accounts.models import Membership
 from engine.models import PRESETS
 from jobs.models import Job, RegisteredModel
+from tests.platform.builders import JOBS
 from tests.platform.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
 MODELS = "/api/v1/models/"
-JOBS = "/api/v1/jobs/"
 
 
 def hf_folder(root: Path, *, config=True, weights="model.safetensors", tokenizer="tokenizer.json") -> Path:
@@ -74,9 +76,20 @@ def test_staff_register_a_model(staff, tenant, token_client, tmp_path):
 
 def test_staff_without_an_organization_register_by_session(session_client, tmp_path):
     admin = UserFactory(username="root", is_staff=True)
-    response = session_client(admin).post(MODELS, {"name": "m", "path": str(hf_folder(tmp_path / "m"))},
-                                          format="json")
+    assert not Membership.objects.filter(user=admin).exists()  # staff, in no organization
+    folder = hf_folder(tmp_path / "m")
+    response = session_client(admin).post(MODELS, {"name": "m", "path": str(folder)}, format="json")
     assert response.status_code == 201, response.json()
+    model = RegisteredModel.objects.get()
+    assert (model.name, model.path, model.description, model.registered_by) == (
+        "m", str(folder.resolve()), "", admin
+    )
+    body = response.json()
+    assert body == {
+        "name": "m", "builtin": False, "path": str(folder.resolve()), "description": "",
+        "created_at": body["created_at"],
+    }  # fmt: skip
+    assert dt.datetime.fromisoformat(body["created_at"]) == model.created_at
 
 
 @pytest.mark.parametrize("role", ["owner", "admin", "member", "viewer"])

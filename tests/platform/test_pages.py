@@ -63,7 +63,7 @@ def test_pages_render_for_a_member_with_their_module(tenant, session_client, url
 
 @pytest.mark.django_db
 def test_the_submit_form_starts_at_the_engine_defaults_and_knows_who_may_submit(tenant, session_client):
-    from engine.rl.grpo import GRPOConfig
+    from engine.spec import GRPOConfig
 
     member = session_client(tenant.member).get("/jobs/new/")
     html = member.content.decode()

@@ -9,10 +9,7 @@ pushes happen on commit), always through ``database_sync_to_async``.
 
 from __future__ import annotations
 
-import copy
-import uuid
 from datetime import timedelta
-from http.cookies import SimpleCookie
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,7 +18,6 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.db import transaction
-from django.test import Client
 from django.utils import timezone
 
 from accounts import services as accounts_services
@@ -30,57 +26,17 @@ from accounts.models import ApiToken
 from config.asgi import application
 from jobs import consumers, services
 from jobs.consumers import MAX_CLIENT_FRAME
-from jobs.models import Job, JobState
+from jobs.models import Job
+from tests.platform.builders import metrics, state, usage
 from tests.platform.factories import UserFactory
-from tests.platform.test_jobs_services import metrics, state, usage
+from tests.platform.sockets import ORIGIN, bearer, connect, ingest, make_job, session_cookie, token_header
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("own_channel_layer")]
 
-SPEC = {"task": "arith", "steps": 3}
-ORIGIN = (b"origin", b"http://localhost:8000")
 QUIET = 0.3  # seconds to wait for a message that must not come
 
 
-@pytest.fixture(autouse=True)
-def _own_channel_layer(settings):
-    """The settings' channel layer under a prefix of this test alone: other test runs share the
-    Redis database."""
-    layer = copy.deepcopy(settings.CHANNEL_LAYERS["default"])
-    assert layer["BACKEND"] == "channels_redis.core.RedisChannelLayer"  # REDIS_URL is set in tests
-    layer["CONFIG"]["prefix"] = f"test-ws-{uuid.uuid4().hex}"
-    settings.CHANNEL_LAYERS = {"default": layer}
-
-
 # --- helpers ---------------------------------------------------------------------------------------
-
-
-def bearer(user, organization, **kwargs) -> tuple[bytes, bytes]:
-    _, plaintext = accounts_services.token_create(user=user, organization=organization, name="ws", **kwargs)
-    return b"authorization", f"Bearer {plaintext}".encode()
-
-
-def session_cookie(user) -> tuple[bytes, bytes]:
-    client = Client()
-    client.force_login(user)
-    cookie = SimpleCookie()
-    cookie[django_settings.SESSION_COOKIE_NAME] = client.cookies[django_settings.SESSION_COOKIE_NAME].value
-    return b"cookie", cookie.output(header="", sep=";").strip().encode()
-
-
-def make_job(tenant, name="run") -> Job:
-    return Job.objects.create(organization=tenant.organization, created_by=tenant.member, name=name, spec=SPEC,
-                              state=JobState.RUNNING, started_at=timezone.now())
-
-
-def ingest(job: Job, events: list[dict[str, Any]]) -> int:
-    return services.ingest_events(job=Job.objects.get(pk=job.pk), events=events)
-
-
-async def connect(path: str, *headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
-    communicator = WebsocketCommunicator(application, path, headers=list(headers))
-    connected, _ = await communicator.connect()
-    assert connected
-    return communicator
 
 
 async def closed_with(path: str, *headers: tuple[bytes, bytes]) -> int | None:
@@ -202,11 +158,6 @@ async def test_a_session_cookie_needs_an_allowed_origin(tenant):
 
 
 # --- credentials that end close their sockets ------------------------------------------------------
-
-
-def token_header(user, organization, **kwargs) -> tuple[tuple[bytes, bytes], ApiToken]:
-    token, plaintext = accounts_services.token_create(user=user, organization=organization, name="ws", **kwargs)
-    return (b"authorization", f"Bearer {plaintext}".encode()), token
 
 
 async def closes_with(communicator: WebsocketCommunicator, timeout: float = 3) -> int:

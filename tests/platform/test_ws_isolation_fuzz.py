@@ -63,21 +63,12 @@ from jobs.consumers import (
     MAX_CLIENT_FRAME,
 )
 from jobs.models import Job
-from tests.platform.conftest import Tenant, make_tenant
+from tests.platform.builders import usage
 from tests.platform.factories import MembershipFactory, UserFactory
-from tests.platform.test_jobs_services import usage
-from tests.platform.test_websockets import (  # noqa: F401  (_own_channel_layer: an autouse fixture)
-    ORIGIN,
-    _own_channel_layer,
-    bearer,
-    connect,
-    ingest,
-    make_job,
-    session_cookie,
-    token_header,
-)
+from tests.platform.sockets import ORIGIN, bearer, connect, ingest, make_job, session_cookie, token_header
+from tests.platform.tenants import Tenant, make_tenant
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("own_channel_layer")]
 
 ACME, GLOBEX = "acme", "globex"  # each organization's slug; its users', jobs' and points' names
 ORGANIZATIONS = (ACME, GLOBEX)

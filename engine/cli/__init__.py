@@ -1,0 +1,1 @@
+"""The ``plexrl`` command's engine and platform subcommands (``plexrl.py`` composes them)."""

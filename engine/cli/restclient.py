@@ -1,0 +1,306 @@
+"""A Python client of the platform's REST API (``/api/v1/``), for users' scripts and the ``plexrl``
+platform commands (``engine.cli.platform_commands``). Standard library only (urllib, json): it runs
+wherever ``engine`` does, with no Django and no HTTP library to install.
+
+Usage::
+
+    from engine.cli.restclient import PlatformClient
+
+    token = PlatformClient.obtain_token("http://127.0.0.1:8000", "ada", "secret")
+    client = PlatformClient("http://127.0.0.1:8000", token)
+    job = client.submit({"task": "arith", "model": "tiny-arith", "steps": 20}, name="try")
+    for update in client.watch(job["id"]):
+        print(update.kind, update.data)
+
+Every method returns the API's JSON (dicts and lists, as ``/api/schema/`` describes them). A
+refusal by the server raises ``ApiError`` (its status and field errors); a server that cannot be
+reached raises ``Unreachable``, naming the URL.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+API_PREFIX = "/api/v1/"
+# The job states after which nothing changes (``jobs.models.TERMINAL_STATES``, by value: the
+# engine never imports the platform).
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+PAGE_SIZE = 200  # the API's largest page (``accounts.pagination.StandardPagination``)
+
+
+class PlatformError(Exception):
+    """Base class of the client's errors."""
+
+
+class ApiError(PlatformError):
+    """The server answered with an error status.
+
+    ``status``: the HTTP status; ``errors``: the server's errors as ``{field: [message, ...]}``,
+    nested fields dotted (``spec.steps``), messages without a field under ``detail``; ``url``: the
+    URL asked. ``str()`` is one line: ``HTTP 400: spec.steps: must be a positive integer, got 0``.
+    """
+
+    def __init__(self, status: int, errors: dict[str, list[str]], url: str):
+        self.status = status
+        self.errors = errors
+        self.url = url
+        super().__init__(f"HTTP {status}: {_one_line(errors) or 'no details'}")
+
+    @property
+    def client_error(self) -> bool:
+        """A 4xx: the request was wrong (bad input, bad token, not found, a state that forbids it)."""
+        return 400 <= self.status < 500
+
+
+class Unreachable(PlatformError):
+    """No HTTP answer: the connection failed or timed out. ``url``: the URL asked."""
+
+    def __init__(self, url: str, reason: str):
+        self.url = url
+        self.reason = reason
+        super().__init__(f"cannot reach the platform at {url}: {reason}")
+
+
+class Update(NamedTuple):
+    """What ``PlatformClient.watch`` yields: ``kind`` "metrics" with one step's metrics (``data``
+    has ``step``, ``reward_mean``, ...), or "state" with the job (as ``job()`` returns it) when its
+    state changed."""
+
+    kind: str
+    data: dict[str, Any]
+
+
+def _flatten(errors: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's error shapes (``{"detail": "..."}``, ``{"field": ["..."]}``, nested dicts, lists)
+    as ``{dotted.field: [message, ...]}``; messages without a field go under ``detail``."""
+    if isinstance(errors, dict):
+        out: dict[str, list[str]] = {}
+        for key, value in errors.items():
+            name = "detail" if key in ("detail", "non_field_errors") and not prefix else (
+                f"{prefix}.{key}" if prefix else str(key))
+            for field, messages in _flatten(value, name).items():
+                out.setdefault(field, []).extend(messages)
+        return out
+    if isinstance(errors, list):
+        out = {}
+        for item in errors:
+            for field, messages in _flatten(item, prefix).items():
+                out.setdefault(field, []).extend(messages)
+        return out
+    return {prefix or "detail": [str(errors)]}
+
+
+def _one_line(errors: dict[str, list[str]]) -> str:
+    parts = []
+    for field, messages in errors.items():
+        text = " ".join(" ".join(m.split()) for m in messages)  # server messages may hold newlines
+        parts.append(text if field == "detail" else f"{field}: {text}")
+    return "; ".join(parts)
+
+
+class PlatformClient:
+    """The REST API of one platform, acting with one token (so in the token's organization).
+
+    ``url``: the platform's base URL (``http://127.0.0.1:8000``); ``token``: an API token (from
+    the web page "Tokens", ``plexrl login`` or ``obtain_token``); ``timeout``: seconds to wait for
+    each answer. Lists (``jobs``, ``metrics``, ``events``, ``usage``) follow the pagination and
+    return every row.
+    """
+
+    def __init__(self, url: str, token: str, *, timeout: float = 30.0):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    # -- transport ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _send(url: str, *, method: str = "GET", body: Any = None, token: str | None = None,
+              accept: str = "application/json", timeout: float = 30.0) -> bytes:
+        """The body of the answer to one request; ``ApiError`` for an error status, ``Unreachable``
+        (naming the URL without its query) when no answer came."""
+        where = url.split("?")[0]
+        if not url.startswith(("http://", "https://")):
+            raise Unreachable(where, "the URL must start with http:// or https://")
+        headers = {"Accept": accept, "User-Agent": "plexrl-client"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310 (http(s) only)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+                return response.read()
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                errors = _flatten(json.loads(raw))
+            except ValueError:  # not JSON: a proxy's page, a server crash without DEBUG
+                text = " ".join(raw.decode(errors="replace").split())[:200]
+                errors = {"detail": [text or exc.reason or "no details"]}
+            raise ApiError(exc.code, errors, url) from None
+        except urllib.error.URLError as exc:
+            reason = exc.reason  # an OSError (refused, unknown host, timed out) or a string
+            if isinstance(reason, TimeoutError):
+                raise Unreachable(where, f"no answer within {timeout:g} s") from None
+            raise Unreachable(where, getattr(reason, "strerror", None) or str(reason)) from None
+        except TimeoutError:  # while reading the answer
+            raise Unreachable(where, f"no answer within {timeout:g} s") from None
+        except OSError as exc:  # a connection reset mid-answer
+            raise Unreachable(where, exc.strerror or str(exc)) from None
+
+    def _url(self, path: str, query: dict[str, Any] | None = None) -> str:
+        url = f"{self.url}{API_PREFIX}{path}"
+        query = {k: v for k, v in (query or {}).items() if v is not None and v != ""}
+        return f"{url}?{urllib.parse.urlencode(query)}" if query else url
+
+    def _json(self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None) -> Any:
+        raw = self._send(self._url(path, query), method=method, body=body, token=self.token, timeout=self.timeout)
+        return json.loads(raw) if raw else None
+
+    def _all(self, path: str, query: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every row of a paginated list, page after page."""
+        rows: list[dict[str, Any]] = []
+        page = 1
+        while True:
+            answer = self._json("GET", path, query={**(query or {}), "page": page, "page_size": PAGE_SIZE})
+            rows.extend(answer["results"])
+            if not answer.get("next"):
+                return rows
+            page += 1
+
+    # -- tokens -------------------------------------------------------------------------------
+
+    @classmethod
+    def obtain_token(cls, url: str, username: str, password: str, *, organization: str | None = None,
+                     name: str = "plexrl-cli", timeout: float = 30.0) -> str:
+        """Trade a username and password for a new API token (``POST auth/token/``); returns the
+        token's plaintext, shown this once. ``organization`` (id or slug): needed when the user
+        belongs to several::
+
+            token = PlatformClient.obtain_token("http://127.0.0.1:8000", "ada", "secret")
+        """
+        body = {"username": username, "password": password, "name": name}
+        if organization:
+            body["organization"] = organization
+        raw = cls._send(f"{url.rstrip('/')}{API_PREFIX}auth/token/", method="POST", body=body, timeout=timeout)
+        return json.loads(raw)["token"]
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def submit(self, spec: dict[str, Any], *, name: str = "", rollout_devices: int = 1, train_devices: int = 1,
+               deployment_mode: str = "async_split") -> dict[str, Any]:
+        """Create a job (``POST jobs/``); returns it as ``job()`` does (``id``, ``state``, ...).
+
+        ``spec``: the engine's JobSpec as a dict (``task``, ``model``, ``steps``, ``seed``,
+        ``grpo: {...}``, ...; missing fields take their defaults). ``rollout_devices``,
+        ``train_devices`` and ``deployment_mode`` (``async_split``, ``isolated_split``,
+        ``colocated``) declare the dedicated deployment the savings compare with. An invalid spec
+        raises ``ApiError`` 400 naming the field (``spec.steps``)::
+
+            job = client.submit({"task": "arith", "steps": 50, "grpo": {"lr": 1e-4}}, name="lr-1e-4")
+        """
+        return self._json("POST", "jobs/", body={
+            "spec": spec, "name": name, "rollout_devices": rollout_devices, "train_devices": train_devices,
+            "deployment_mode": deployment_mode})
+
+    def estimate(self, spec: dict[str, Any], *, rollout_devices: int = 1, train_devices: int = 1,
+                 deployment_mode: str = "async_split") -> dict[str, Any]:
+        """What a job would cost before it runs (``POST jobs/estimate/``; the arguments of ``submit``,
+        nothing is created): ``dedicated_device_hours`` (its declared dedicated deployment),
+        ``multiplexed_device_hours`` (what it would be billed), ``savings``, ``step_seconds`` and
+        ``basis`` ("profile": from a finished job of the same shape; "model": the cost model).
+        An invalid spec raises ``ApiError`` 400 naming the field, as ``submit`` does."""
+        return self._json("POST", "jobs/estimate/", body={
+            "spec": spec, "rollout_devices": rollout_devices, "train_devices": train_devices,
+            "deployment_mode": deployment_mode})
+
+    def jobs(self, state: str | None = None, *, search: str | None = None) -> list[dict[str, Any]]:
+        """The organization's jobs, newest first; ``state``: only those in it (``running``, ...);
+        ``search``: a piece of the name."""
+        return self._all("jobs/", {"state": state, "search": search})
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        """One job with its spec, reservation, state, ``last_step`` and ``savings`` so far."""
+        return self._json("GET", f"jobs/{int(job_id)}/")
+
+    def cancel(self, job_id: int, reason: str = "") -> dict[str, Any]:
+        """Cancel a job that has not finished (409 for one that has); returns the job."""
+        return self._json("POST", f"jobs/{int(job_id)}/cancel/", body={"reason": reason})
+
+    def pause(self, job_id: int) -> dict[str, Any]:
+        """Pause a queued or running job; returns the job."""
+        return self._json("POST", f"jobs/{int(job_id)}/pause/", body={})
+
+    def resume(self, job_id: int) -> dict[str, Any]:
+        """Resume a paused job; returns the job."""
+        return self._json("POST", f"jobs/{int(job_id)}/resume/", body={})
+
+    def metrics(self, job_id: int, after_step: int | None = None) -> list[dict[str, Any]]:
+        """The job's metrics by step, each ``{"step": n, "data": {"reward_mean": ..., ...}}``;
+        ``after_step``: only the steps after it. (The metrics endpoint takes no filter, so the
+        steps are filtered here.)"""
+        rows = self._all(f"jobs/{int(job_id)}/metrics/")
+        return rows if after_step is None else [r for r in rows if r["step"] > after_step]
+
+    def events(self, job_id: int, *, after_seq: int = 0, kind: str | None = None) -> list[dict[str, Any]]:
+        """The job's events other than metrics and usage (state changes, logs, artifacts), by
+        ``seq``; ``after_seq``: a cursor, only the events after it; ``kind``: only that kind."""
+        return self._all(f"jobs/{int(job_id)}/events/", {"after_seq": after_seq or None, "kind": kind})
+
+    def watch(self, job_id: int, poll_s: float = 2.0) -> Iterator[Update]:
+        """Follow a job until it ends: yields ``Update("state", job)`` first and at every state
+        change, ``Update("metrics", data)`` for each new step (in step order); the terminal state
+        (``succeeded``, ``failed``, ``cancelled``) comes last, after every step logged before it.
+        Polls every ``poll_s`` seconds::
+
+            for update in client.watch(12):
+                if update.kind == "metrics":
+                    print(update.data["step"], update.data["reward_mean"])
+            print(client.job(12)["state"])
+        """
+        last_step: int | None = None
+        state = None
+        while True:
+            # the steps first, then the job: a state read after them is at least as new as they are
+            rows = self.metrics(job_id, after_step=last_step)
+            job = self.job(job_id)
+            ended = job["state"] in TERMINAL_STATES
+            if job["state"] != state and not ended:
+                state = job["state"]
+                yield Update("state", job)
+            if ended:  # and every step logged before the end, after the last read
+                rows += self.metrics(job_id, after_step=rows[-1]["step"] if rows else last_step)
+            for row in rows:
+                last_step = row["step"]
+                yield Update("metrics", {"step": row["step"], **row["data"]})
+            if ended:
+                yield Update("state", job)
+                return
+            time.sleep(poll_s)
+
+    # -- billing ------------------------------------------------------------------------------
+
+    def savings(self) -> dict[str, Any]:
+        """The savings report: ``jobs`` (per job: ``billed_device_hours``,
+        ``counterfactual_device_hours``, ``savings`` as a fraction or None) and ``totals``."""
+        return self._json("GET", "billing/savings/")
+
+    def savings_csv(self) -> str:
+        """The savings report's per-job rows as the server's CSV (a header row first)."""
+        raw = self._send(self._url("billing/savings/", {"format": "csv"}), token=self.token, accept="text/csv",
+                         timeout=self.timeout)
+        return raw.decode()
+
+    def usage(self, job_id: int | None = None) -> list[dict[str, Any]]:
+        """The organization's usage ledger (one metered call per row), by job and seq;
+        ``job_id``: one job's only."""
+        return self._all("billing/usage/", {"job": job_id})

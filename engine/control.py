@@ -1,0 +1,142 @@
+"""The engine's service API: what the platform calls, and nothing Ray-shaped.
+
+``EngineClient`` is the only engine object the platform (its Celery tasks) holds:
+
+    client = EngineClient()                 # joins RAY_ADDRESS, or starts a local Ray
+    client.submit_job("job-42", spec)       # idempotent by job id: a redelivered task starts nothing
+    client.events("job-42", after_seq=17)   # the job's event log, by cursor
+    client.pause("job-42"); client.resume("job-42"); client.cancel("job-42", reason="...")
+    client.status("job-42"); client.cluster_snapshot(); client.estimate(spec)
+
+Behind it runs the controller (``engine.service.controller``). Importing this module loads no Ray
+and no torch: a web or Celery process pays for Ray only when it first talks to the engine.
+
+This module is the platform's one door into the engine, with ``engine.spec`` (the job spec),
+``engine.errors`` and ``engine.paths`` (an import-linter contract holds the Django apps to these).
+Besides the client it names the pure pieces the control plane computes with itself: the pre-run
+estimate and the metering that billing stores (one implementation, shared with the simulator),
+the model catalog, and the dataset check an upload runs (the same one a job's start runs).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from engine.accounting.estimate import estimate
+from engine.accounting.metering import LedgerTotals, ledger_totals, record_rows, savings_of_rows, savings_of_totals
+from engine.errors import UnknownService
+from engine.models import PRESETS, is_model_dir, preset_dir, resolve_model
+from engine.paths import plexrl_home
+from engine.scheduler.core import Policy
+from engine.spec import JobSpec, ServiceConfig, check_job_id
+from engine.tasks.datasets import MAX_BYTES as MAX_DATASET_BYTES
+from engine.tasks.datasets import parse_problems
+
+__all__ = [  # what the control plane uses, besides EngineClient
+    "MAX_DATASET_BYTES",
+    "PRESETS",
+    "PROFILE_STEPS",
+    "EngineClient",
+    "LedgerTotals",
+    "estimate",
+    "is_model_dir",
+    "ledger_totals",
+    "parse_problems",
+    "preset_dir",
+    "record_rows",
+    "resolve_model",
+    "savings_of_rows",
+    "savings_of_totals",
+]
+
+SERVICE_NAME = "plexrl-engine"
+PROFILE_STEPS = Policy().profile_steps  # steps a new job runs before the scheduler places it
+
+
+class EngineClient:
+    """The platform's handle on the engine; every method is one short remote call."""
+
+    def __init__(self, *, address: str | None = None, data_dir: Path | None = None,
+                 config: ServiceConfig | None = None, timeout_s: float = 120.0, create: bool = True):
+        """Join ``address`` (or RAY_ADDRESS; without either, start a local Ray) and the engine
+        service there, starting it if ``create``; with ``create=False`` a cluster without the
+        service raises ``UnknownService``."""
+        import ray
+
+        from engine.service.controller import EngineService
+        from engine.service.runtime import EngineConfig, start_ray
+
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        if not ray.is_initialized():
+            if address:
+                ray.init(address=address, namespace="plexrl", log_to_driver=False)
+            else:
+                start_ray(EngineConfig())
+        self.data_dir = Path(data_dir) if data_dir else plexrl_home()
+        self.timeout_s = timeout_s
+        if not create:
+            try:
+                self.actor = ray.get_actor(SERVICE_NAME, namespace="plexrl")
+            except ValueError:
+                raise UnknownService(f"no engine service runs on the cluster at {address}") from None
+            return
+        self.actor = EngineService.options(name=SERVICE_NAME, lifetime="detached", get_if_exists=True).remote(
+            str(self.data_dir), asdict(config or ServiceConfig()))
+
+    def _call(self, method: str, *args: Any) -> Any:
+        import ray
+
+        try:
+            return ray.get(getattr(self.actor, method).remote(*args), timeout=self.timeout_s)
+        except ray.exceptions.RayTaskError as exc:
+            raise exc.as_instanceof_cause() from None
+
+    def submit_job(self, job_id: str, spec: JobSpec | dict[str, Any], *, tenant: str = "") -> dict[str, Any]:
+        """Validated here first (SpecError naming the field, ValueError for the id): bad input never
+        reaches the engine. ``tenant``: whose budget (``set_budget``) the job's calls spend."""
+        parsed = spec if isinstance(spec, JobSpec) else JobSpec.from_dict(spec)
+        return self._call("submit_job", check_job_id(job_id), parsed.to_dict(), tenant)
+
+    def set_budget(self, tenant: str, device_seconds: float | None) -> float | None:
+        """From now on ``tenant``'s jobs may use ``device_seconds`` more (None: no limit). Their
+        calls past it wait, queued, and run when it is raised; the overrun is at most the calls
+        running when it ran out. Returns what was left before."""
+        if device_seconds is not None and not math.isfinite(device_seconds):
+            raise ValueError(f"a budget must be a finite number of device-seconds, got {device_seconds!r}")
+        return self._call("set_budget", tenant, device_seconds)
+
+    def budget_left(self, tenant: str) -> float | None:
+        """Device-seconds ``tenant`` may still use (below zero: the overrun); None without a budget."""
+        return self._call("budget_left", tenant)
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        return self._call("status", job_id)
+
+    def events(self, job_id: str, after_seq: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        return self._call("events", job_id, after_seq, limit)
+
+    def pause(self, job_id: str) -> dict[str, Any]:
+        return self._call("pause", job_id)
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return self._call("resume", job_id)
+
+    def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        return self._call("cancel", job_id, reason)
+
+    def cluster_snapshot(self) -> dict[str, Any]:
+        return self._call("cluster_snapshot")
+
+    def estimate(self, spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
+        return self._call("estimate", spec.to_dict() if isinstance(spec, JobSpec) else spec)
+
+    def shutdown(self) -> None:
+        """Stop every job and the service's groups, and the service itself."""
+        import ray
+
+        self._call("shutdown")
+        ray.kill(self.actor)

@@ -1,0 +1,351 @@
+"""The engine service's controller: one detached, named Ray actor (``EngineService``) behind
+``engine.control.EngineClient``.
+
+It owns the shared worker groups (started on first use, one per side and backend: jobs share them
+and the scheduler time-slices them) and the jobs' drivers. A driver runs the algorithm loop as a Ray
+actor of its own, never inside the caller's process: a Celery redelivery or a worker restart
+neither re-runs nor kills training.
+
+Job state lives in the job's event log (``state`` events: queued, running, paused, succeeded,
+failed, cancelled). One writer at a time: the service writes ``queued`` before the driver exists and
+``cancelled`` / ``failed`` after it is gone; while the driver runs, it writes everything, including
+the pause and resume the service asks it to record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from engine.errors import UnknownJob, fault_reason, is_engine_fault
+from engine.paths import events_path
+from engine.service.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
+from engine.spec import JobSpec, ServiceConfig, check_job_id
+
+_log = logging.getLogger(__name__)
+
+MAX_EVENTS = 10_000  # per events() call
+
+
+def job_state(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The latest ``state`` event's data (``{"state": ..., "reason": ...}``), or ``{}``."""
+    state: dict[str, Any] = {}
+    for e in events:
+        if e["kind"] == "state":
+            state = dict(e["data"], seq=e["seq"], ts=e["ts"])
+    return state
+
+
+@ray.remote(num_cpus=0, max_concurrency=8)
+class EngineService:
+    def __init__(self, data_dir: str, config: dict[str, Any]):
+        self.data_dir = Path(data_dir)
+        self.config = ServiceConfig(**config)
+        self.groups: dict[tuple[str, str, int], Any] = {}  # (side, backend, ranks) -> WorkerGroup
+        self.drivers: dict[str, Any] = {}  # job id -> driver actor, while it runs
+        self.runs: dict[str, Any] = {}  # job id -> ObjectRef of its run()
+        self.cancelling: set[str] = set()
+        self.jobs: dict[str, tuple[JobSpec, str]] = {}  # job id -> (spec, tenant), while it runs here
+        self.recoveries: dict[str, int] = {}  # job id -> times it was resumed after an engine fault
+        self.replacing: set[str] = set()  # jobs whose driver the service kills to start a new one
+        self.lock = threading.RLock()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    # -- worker groups ----------------------------------------------------------------------------
+    @staticmethod
+    def _group_keys(spec: JobSpec) -> list[tuple[str, str, int]]:
+        return [("train", spec.trainer, spec.tp), ("rollout", spec.rollout, 1)]
+
+    def _start_group(self, key: tuple[str, str, int]) -> Any:
+        from engine.api import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
+        from engine.workers.group import Swapping, WorkerGroup
+
+        side, kind, ranks = key
+        return WorkerGroup.start(
+            f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else ""), kind, world_size=ranks,
+            threads=self.config.threads, data_dir=self.data_dir,
+            devices_per_rank=self.config.devices_per_group / ranks,
+            swapping=Swapping(max_resident=self.config.max_resident),
+            serves=TRAIN_FUNCTIONS if side == "train" else ROLLOUT_FUNCTIONS)
+
+    def _groups_for(self, spec: JobSpec) -> list[Any]:
+        for key in self._group_keys(spec):
+            if key not in self.groups:
+                self.groups[key] = self._start_group(key)
+        return [self.groups[key] for key in self._group_keys(spec)]
+
+    def _start_driver(self, job_id: str, *, resume: bool = False) -> None:
+        """Start the job's driver (``resume``: it replaces one that died). Holds the lock."""
+        from engine.service.driver import JobDriver
+
+        spec, tenant = self.jobs[job_id]
+        driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2).remote(
+            job_id, spec, self._groups_for(spec), str(events_path(self.data_dir, job_id)), self.config.threads,
+            tenant, resume)
+        self.drivers[job_id] = driver
+        self.runs[job_id] = driver.run.remote()
+
+    # -- the service API ----------------------------------------------------------------------------
+    def submit_job(self, job_id: str, spec: dict[str, Any], tenant: str = "") -> dict[str, Any]:
+        job_id = check_job_id(job_id)
+        parsed = JobSpec.from_dict(spec)
+        path = events_path(self.data_dir, job_id)
+        with self.lock:
+            if job_id in self.drivers or path.exists():
+                return self.status(job_id)  # submitted before: never a second driver
+            self._groups_for(parsed)
+            log = EventLog(path)
+            log.append("state", {"state": "queued"}, durable=True)
+            log.append("spec", parsed.to_dict(), durable=True)
+            log.close()
+            self.jobs[job_id] = (parsed, tenant)
+            self._start_driver(job_id)
+        return self.status(job_id)
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        path = events_path(self.data_dir, job_id)
+        if not path.exists():
+            raise UnknownJob(job_id)
+        events = read_events(path)
+        return {"job": job_id, **job_state(events), "last_seq": events[-1]["seq"] if events else 0,
+                "active": job_id in self.drivers}
+
+    def events(self, job_id: str, after_seq: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+        path = events_path(self.data_dir, job_id)
+        if not path.exists():
+            raise UnknownJob(job_id)
+        return read_events(path, after_seq=after_seq, limit=max(1, min(limit, MAX_EVENTS)))
+
+    def pause(self, job_id: str) -> dict[str, Any]:
+        return self._set_paused(job_id, True)
+
+    def resume(self, job_id: str) -> dict[str, Any]:
+        return self._set_paused(job_id, False)
+
+    def _set_paused(self, job_id: str, paused: bool) -> dict[str, Any]:
+        from engine.scheduler.live import scheduler_service
+
+        with self.lock:
+            driver = self.drivers.get(job_id)
+            if driver is None:
+                return self.status(job_id)  # not running here (finished, or unknown: raises)
+            current = self.status(job_id)
+            if (current.get("state") == "paused") == paused:
+                return current  # already so: nothing to do, nothing logged
+            scheduler = scheduler_service()
+            # queued calls stay queued while paused (never dropped); the running one finishes
+            ray.get((scheduler.pause if paused else scheduler.resume).remote(job_id))
+            ray.get(driver.note.remote("state", {"state": "paused" if paused else "running"}))
+        return self.status(job_id)
+
+    def set_budget(self, tenant: str, device_seconds: float | None) -> float | None:
+        """The device-seconds ``tenant``'s jobs may still use (None: no limit); returns what the
+        scheduler had left before (None: no limit)."""
+        from engine.scheduler.live import scheduler_service
+
+        return ray.get(scheduler_service().set_budget.remote(tenant, device_seconds))
+
+    def budget_left(self, tenant: str) -> float | None:
+        from engine.scheduler.live import scheduler_service
+
+        return ray.get(scheduler_service().budget_left.remote(tenant))
+
+    def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
+        with self.lock:
+            driver = self.drivers.get(job_id)
+            if driver is None:
+                return self.status(job_id)
+            self.cancelling.add(job_id)
+            ref = self.runs[job_id]
+        ray.kill(driver, no_restart=True)
+        with contextlib.suppress(Exception):  # it died, which is the point
+            ray.get(ref, timeout=60)
+        self._finish(job_id, {"state": "cancelled", "reason": reason or "cancelled"})
+        return self.status(job_id)
+
+    def cluster_snapshot(self) -> dict[str, Any]:
+        from engine.scheduler.live import scheduler_service
+
+        stats = ray.get(scheduler_service().stats.remote()) if self.groups else {}
+        return {
+            "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
+                        "devices": self.config.devices_per_group, "max_resident": self.config.max_resident}
+                       for (side, kind, ranks), g in sorted(self.groups.items())],
+            "jobs": {job: self.status(job).get("state") for job in sorted(self.drivers)},
+            "scheduler": stats,
+        }
+
+    def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """A job's pre-run estimate (``engine.accounting.estimate``): its predicted calls, wall and step seconds,
+        and whether they come from a stored profile of its shape or the cost model. Needs no worker
+        group; the platform calls ``engine.accounting.estimate`` in-process instead (a web request never waits
+        on Ray)."""
+        from engine.accounting.estimate import estimate
+
+        return estimate(JobSpec.from_dict(spec)).to_dict()  # profiles: PLEXRL_HOME's, where drivers write
+
+    def shutdown(self) -> None:
+        for job in list(self.drivers):
+            self.cancel(job, reason="engine shut down")
+        for g in self.groups.values():
+            g.shutdown()
+        self.groups.clear()
+
+    # -- supervision --------------------------------------------------------------------------------
+    def _finish(self, job_id: str, terminal: dict[str, Any] | None) -> None:
+        """The driver is gone: forget it; write ``terminal`` unless the log already ends the job."""
+        with self.lock:
+            self.drivers.pop(job_id, None)
+            self.runs.pop(job_id, None)
+            job = self.jobs.pop(job_id, None)
+            self.cancelling.discard(job_id)
+            path = events_path(self.data_dir, job_id)
+            if terminal is not None and job_state(read_events(path)).get("state") not in TERMINAL_STATES:
+                log = EventLog(path)
+                with contextlib.suppress(LogEnded):  # the driver wrote its own end meanwhile
+                    log.append("state", terminal, durable=True)
+                log.close()
+            if job is not None:
+                self._release(job_id, job[0])
+
+    def _release(self, job_id: str, spec: JobSpec) -> None:
+        """An ended job's calls, estimates and states leave the scheduler, the groups and the
+        StateManager (else every job ever run would keep its state there). Best effort: a group or
+        scheduler that died meanwhile holds nothing of it any more."""
+        from engine.scheduler.live import scheduler_service
+
+        try:
+            self._drop_calls_and_states(job_id, spec)
+            with contextlib.suppress(ValueError):  # a cancelled job's call still running: kept
+                ray.get(scheduler_service().forget.remote(job_id))
+        except Exception as exc:
+            _log.warning("engine: releasing %s: %s", job_id, fault_reason(exc))
+
+    def _drop_calls_and_states(self, job_id: str, spec: JobSpec) -> None:
+        """The job's queued calls leave the scheduler (its running ones finish), then its states
+        leave the groups, once those calls are done (a rank runs its calls in order)."""
+        from engine.scheduler.live import scheduler_service
+
+        ray.get(scheduler_service().abandon.remote(job_id))
+        for key in self._group_keys(spec):
+            if key in self.groups:
+                self.groups[key].drop_job(job_id)
+
+    def _watch(self) -> None:
+        """Notice drivers that end: success and failure are logged by the driver itself; a driver that
+        died (killed, out of memory, its node lost) is logged here as failed."""
+        while True:
+            with self.lock:
+                pending = {ref: job for job, ref in self.runs.items()
+                           if job not in self.cancelling and job not in self.replacing}
+            if not pending:
+                time.sleep(0.2)
+                continue
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            for ref in ready:
+                job = pending[ref]
+                try:
+                    ray.get(ref)
+                    self._finish(job, None)
+                except Exception as exc:  # a driver that ends badly: recovered, or a failed job
+                    if job in self.cancelling or self.runs.get(job) != ref:
+                        continue
+                    if is_engine_fault(exc):  # it died, or something under it did
+                        self._recover(job, exc)
+                    else:
+                        self._finish(job, {"state": "failed", "reason": f"driver ended: {type(exc).__name__}"})
+
+    # -- recovery -----------------------------------------------------------------------------------
+    def _recover(self, job_id: str, exc: BaseException) -> None:
+        """An engine fault ended the job's driver: replace what died (the scheduler, worker groups
+        that lost a rank), then resume every job that ran on it from its last checkpoint."""
+        reason = fault_reason(exc)
+        with self.lock:
+            if job_id not in self.jobs:
+                return
+            affected = {job_id} | self._heal()
+            for job in sorted(affected & set(self.drivers)):
+                count = self.recoveries[job] = self.recoveries.get(job, 0) + 1
+                if count > self.config.max_recoveries:
+                    self._stop_driver(job)
+                    self._finish(job, {"state": "failed", "reason": f"engine fault, not recovered after "
+                                                                    f"{count - 1} restarts: {reason}"})
+                    continue
+                self._replace_driver(job, f"engine fault ({reason}); restart {count} of "
+                                          f"at most {self.config.max_recoveries}")
+
+    def _heal(self) -> set[str]:
+        """Start a new scheduler if it died, and new worker groups for those that lost a rank.
+        Returns the running jobs that used what was replaced (all of them for the scheduler)."""
+        from engine.scheduler.live import SCHEDULER_NAME, scheduler_service
+
+        try:
+            ray.get(ray.get_actor(SCHEDULER_NAME).ping.remote(), timeout=60)
+            scheduler_ok = True
+        except Exception:
+            scheduler_ok = False
+        affected: set[str] = set()
+        if not scheduler_ok:
+            _wait_name_free(SCHEDULER_NAME)
+            scheduler = scheduler_service(list(self.groups.values()))
+            affected |= set(self.drivers)
+            paused = [job for job in self.drivers if self.status(job).get("state") == "paused"]
+            ray.get([scheduler.pause.remote(job) for job in paused])  # budgets: the platform sends them again
+        else:
+            scheduler = scheduler_service()
+        lost = ray.get(scheduler.lost_groups.remote())
+        for key, group in list(self.groups.items()):
+            if group.name not in lost:
+                continue
+            group.shutdown()
+            for rank in range(len(group.ranks)):
+                _wait_name_free(f"wpg:{group.name}:{rank}")
+            self.groups[key] = self._start_group(key)
+            ray.get(scheduler.add_groups.remote([self.groups[key]]))
+            affected |= {job for job, (spec, _) in self.jobs.items() if key in self._group_keys(spec)}
+        return affected
+
+    def _stop_driver(self, job_id: str) -> None:
+        """Kill the job's driver and wait until it is gone (holds the lock)."""
+        self.replacing.add(job_id)
+        try:
+            ray.kill(self.drivers[job_id], no_restart=True)
+            with contextlib.suppress(Exception):  # it died, which is the point
+                ray.get(self.runs[job_id], timeout=60)
+            _wait_name_free(f"driver:{job_id}")
+        finally:
+            self.replacing.discard(job_id)
+
+    def _replace_driver(self, job_id: str, why: str) -> None:
+        """Kill the job's driver (if alive), drop its calls and states, start one that resumes."""
+        from engine.service.driver import redone_after
+
+        self._stop_driver(job_id)
+        self._drop_calls_and_states(job_id, self.jobs[job_id][0])  # what the dead driver left
+        path = events_path(self.data_dir, job_id)
+        redone = redone_after(read_events(path))
+        log = EventLog(path)
+        try:
+            log.append("recovery", {"message": why, "attempt": self.recoveries[job_id], "redone_after_seq": redone},
+                       durable=True)
+        finally:
+            log.close()
+        self._start_driver(job_id, resume=True)
+
+
+def _wait_name_free(name: str, timeout: float = 30.0) -> None:
+    """Until no live actor holds ``name`` (a killed actor's name is released once Ray sees it dead)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name)
+        except ValueError:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"actor {name!r} still holds its name after {timeout:.0f} s")

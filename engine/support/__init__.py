@@ -1,0 +1,1 @@
+"""Plumbing every part of the engine uses: node-local socket framing, the GC pause, progress output."""

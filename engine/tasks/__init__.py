@@ -1,0 +1,1 @@
+"""What a job learns: problems and datasets, their verifiers (rewards) and the calculator tool."""

@@ -1,0 +1,184 @@
+"""The engine's service API: submit (idempotently), read events by cursor, pause, resume, cancel,
+budgets. Real Ray actors, real worker groups, the tiny preset. (A driver that dies is resumed, or
+after too many restarts failed: ``test_recovery``.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import pytest
+
+from engine.control import EngineClient
+from engine.errors import SpecError, UnknownJob
+from engine.paths import events_path
+from engine.spec import GRPOConfig, JobSpec, ServiceConfig
+from tests.engine.service_helpers import finished, metrics, states, wait_for
+
+SPEC = JobSpec(task="arith", model="tiny-arith", steps=3, seed=3, rollout="torch", trainer="torch",
+               # temperature 1: on the weak test model, 3 steps of 8 prompts at the default 0.6 can
+               # draw no group with mixed rewards, and then nothing trains
+               grpo=GRPOConfig(prompts_per_step=8, samples_per_prompt=4, updates_per_step=2, eval_every=3,
+                               eval_size=10, max_tokens=6, temperature=1.0))
+
+
+@pytest.fixture(scope="module")
+def engine(ray_engine, plexrl_home, tiny_model_dir):
+    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=0.25, threads=1))
+    yield client
+    client.shutdown()
+
+
+@pytest.fixture(scope="module")
+def plain_run(engine):
+    engine.submit_job("svc-plain", SPEC)
+    return wait_for(engine, "svc-plain", finished)
+
+
+def test_a_submitted_job_runs_to_success_and_its_events_read_by_cursor(plain_run):
+    assert states(plain_run) == ["queued", "running", "succeeded"]
+    assert [e["seq"] for e in plain_run] == list(range(1, len(plain_run) + 1))  # each once, in order
+    assert [m["step"] for m in metrics(plain_run)] == [1, 2, 3]
+    assert any(e["kind"] == "usage" for e in plain_run)
+
+
+def test_the_final_weights_are_a_hugging_face_folder(plain_run, plexrl_home):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    [artifact] = [e["data"] for e in plain_run if e["kind"] == "artifact"]
+    assert artifact["name"] == "final"
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(artifact["files"])
+    [summary] = [e["data"] for e in plain_run if e["kind"] == "summary"]
+    trained = load_file(f"{summary['final_checkpoint']}/model.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(artifact["path"], dtype=torch.float32)
+    state = model.state_dict()
+    assert all(torch.equal(state[name], tensor) for name, tensor in trained.items())
+    base = load_file(plexrl_home / "models" / "tiny-arith" / "model.safetensors")
+    assert any(not torch.equal(base[n], trained[n]) for n in trained if n in base)  # it did train
+
+
+def test_submitting_the_same_job_again_starts_nothing(engine, plain_run):
+    status = engine.submit_job("svc-plain", SPEC)
+    assert status["state"] == "succeeded"
+    assert not status["active"]
+    assert engine.events("svc-plain") == plain_run
+
+
+def test_pause_holds_the_job_and_resume_finishes_it_with_the_same_metrics(engine, plain_run):
+    engine.submit_job("svc-paused", SPEC)
+    wait_for(engine, "svc-paused", lambda ev: len(metrics(ev)) >= 1)
+    assert engine.pause("svc-paused")["state"] == "paused"
+    at_pause = len(metrics(engine.events("svc-paused")))
+    time.sleep(3.0)
+    # the call running at the pause finishes; the step it belonged to may log; nothing after that
+    assert len(metrics(engine.events("svc-paused"))) <= at_pause + 1
+    held = engine.events("svc-paused")
+    time.sleep(2.0)
+    assert metrics(engine.events("svc-paused")) == metrics(held)
+    assert engine.resume("svc-paused")["state"] == "running"
+    events = wait_for(engine, "svc-paused", finished)
+    assert states(events)[-1] == "succeeded"
+    assert "paused" in states(events)
+    assert metrics(events) == metrics(plain_run)  # pausing changed nothing the job learned
+
+
+def usage_device_s(events: list[dict]) -> list[float]:
+    """Device-seconds of each usage record: one per worker group a call held."""
+    return [e["data"]["devices"] * (e["data"]["end"] - e["data"]["start"]) for e in events if e["kind"] == "usage"]
+
+
+def call_device_s(events: list[dict]) -> list[float]:
+    """Device-seconds of each call: a call on two worker groups (sync_weights) is charged on both."""
+    calls: dict[int, float] = {}
+    for e in events:
+        if e["kind"] == "usage":
+            calls[e["data"]["call"]] = calls.get(e["data"]["call"], 0.0) + e["data"]["devices"] * (
+                e["data"]["end"] - e["data"]["start"])
+    return list(calls.values())
+
+
+def test_a_budget_of_twenty_calls_holds_the_job_mid_run_and_bounds_the_overrun(engine, plain_run):
+    longer = dataclasses.replace(SPEC, steps=8)  # more calls than the budget covers
+    budget = 20 * statistics.median(usage_device_s(plain_run))  # about twenty calls' worth
+    assert engine.set_budget("budget-lab", budget) is None  # no budget before
+    engine.submit_job("svc-budget", longer, tenant="budget-lab")
+    engine.submit_job("svc-budget-free", longer)  # the same job, no budget: what it must learn
+
+    wait_for(engine, "svc-budget", lambda events: engine.budget_left("budget-lab") < budget / 2)
+    held, deadline = engine.events("svc-budget"), time.monotonic() + 120
+    while True:  # until the log stands still: the job waits, queued, for budget
+        time.sleep(2.0)
+        now = engine.events("svc-budget")
+        if now == held:
+            break
+        held = now
+        assert time.monotonic() < deadline, "the job never stopped at its budget"
+    assert not finished(held)
+    assert 0 < len(metrics(held)) < 8  # it stopped mid-run
+    left = engine.budget_left("budget-lab")
+    billed = sum(usage_device_s(held))
+    assert billed == pytest.approx(budget - left, rel=1e-9)  # what was charged is what the log bills
+    assert left <= 0  # it stopped when the budget was spent
+    assert -left <= max(0.01 * budget, max(call_device_s(held)))  # overrun: 1 % of the budget, or one call
+    assert engine.set_budget("budget-lab", None) == pytest.approx(left)  # no limit: the job goes on
+    events = wait_for(engine, "svc-budget", finished)
+    free = wait_for(engine, "svc-budget-free", finished)
+    assert states(events)[-1] == states(free)[-1] == "succeeded"
+    assert metrics(events) == metrics(free)  # the held step was not lost, nor anything learned changed
+
+
+def test_cancel_stops_the_driver_and_the_log_ends_cancelled(engine):
+    engine.submit_job("svc-cancel", dataclasses.replace(SPEC, steps=50))
+    wait_for(engine, "svc-cancel", lambda ev: len(metrics(ev)) >= 1)
+    status = engine.cancel("svc-cancel", reason="user asked")
+    assert status["state"] == "cancelled"
+    assert status["reason"] == "user asked"
+    assert not status["active"]
+    last = engine.events("svc-cancel")
+    time.sleep(2.0)
+    assert engine.events("svc-cancel") == last  # nobody writes after the end
+    assert len(metrics(last)) < 50
+
+
+def test_bad_input_names_the_field_and_creates_nothing(engine, plexrl_home):
+    with pytest.raises(SpecError, match="steps"):
+        engine.submit_job("svc-bad", SPEC.to_dict() | {"steps": 0})
+    with pytest.raises(ValueError, match="job id"):
+        engine.submit_job("../escape", SPEC)
+    assert not events_path(plexrl_home, "svc-bad").exists()
+    with pytest.raises(UnknownJob):
+        engine.events("svc-never", 0)
+
+
+def test_cluster_snapshot_lists_the_shared_groups(engine, plain_run):
+    snap = engine.cluster_snapshot()
+    assert {(g["side"], g["backend"]) for g in snap["groups"]} >= {("train", "torch"), ("rollout", "torch")}
+    assert "queued" in snap["scheduler"]
+
+
+def test_a_finished_job_leaves_the_profile_its_shape_is_estimated_from(engine, plain_run, plexrl_home):
+    from engine.accounting.estimate import read_profile
+
+    profile = read_profile(SPEC, home=plexrl_home)  # written by the driver when the job succeeded
+    assert profile is not None
+    assert profile["measured_seconds"]["policy/generate"] > 0
+    same_shape = engine.estimate(dataclasses.replace(SPEC, seed=8, steps=30))
+    assert same_shape["basis"] == "profile"
+    assert same_shape["step_seconds"] > 0
+    assert {c["fn"] for c in same_shape["calls"]} >= {"create", "generate", "forward_backward", "sync_weights"}
+    other = engine.estimate(dataclasses.replace(SPEC, grpo=dataclasses.replace(SPEC.grpo, prompts_per_step=16)))
+    assert other["basis"] == "model"
+
+
+def test_an_ended_job_leaves_nothing_on_the_shared_groups(engine, plain_run):
+    import ray
+
+    ranks = [ray.get_actor(f"wpg:{group}:0", namespace="plexrl") for group in ("torch-train", "torch-rollout")]
+    deadline = time.monotonic() + 30
+    while held := [d for rank in ranks for d in ray.get(rank.deployments.remote()) if d[0] == "svc-plain"]:
+        assert time.monotonic() < deadline, f"still held after the job ended: {held}"
+        time.sleep(0.2)
+    assert "svc-plain" not in {key.split("/")[0] for key in engine.cluster_snapshot()["scheduler"]["estimates"]}
