@@ -4,6 +4,7 @@
 
     client = EngineClient()                 # joins RAY_ADDRESS, or starts a local Ray
     client.submit_job("job-42", spec)       # idempotent by job id: a redelivered task starts nothing
+    client.set_tenant("org-7", weight=2.0, device_seconds=3600.0)  # fair share and budget
     client.events("job-42", after_seq=17)   # the job's event log, by cursor
     client.pause("job-42"); client.resume("job-42"); client.cancel("job-42", reason="...")
     client.status("job-42"); client.cluster_snapshot(); client.estimate(spec)
@@ -32,7 +33,7 @@ from engine.errors import UnknownService
 from engine.models import PRESETS, is_model_dir, preset_dir, resolve_model
 from engine.paths import plexrl_home
 from engine.scheduler.core import Policy
-from engine.spec import JobSpec, ServiceConfig, check_job_id
+from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
 from engine.tasks.datasets import MAX_BYTES as MAX_DATASET_BYTES
 from engine.tasks.datasets import parse_problems
 
@@ -95,18 +96,35 @@ class EngineClient:
         except ray.exceptions.RayTaskError as exc:
             raise exc.as_instanceof_cause() from None
 
-    def submit_job(self, job_id: str, spec: JobSpec | dict[str, Any], *, tenant: str = "") -> dict[str, Any]:
-        """Validated here first (SpecError naming the field, ValueError for the id): bad input never
-        reaches the engine. ``tenant``: whose budget (``set_budget``) the job's calls spend."""
+    def submit_job(self, job_id: str, spec: JobSpec | dict[str, Any], *, tenant: str = "",
+                   priority: str = "normal") -> dict[str, Any]:
+        """Validated here first (SpecError naming the field, ValueError for the id or an unknown
+        priority): bad input never reaches the engine. ``tenant``: whose weight and budget
+        (``set_tenant``) the job's calls get and spend; ``priority``: a name in
+        ``engine.spec.PRIORITIES``, which orders the job's calls within its tenant's share."""
         parsed = spec if isinstance(spec, JobSpec) else JobSpec.from_dict(spec)
-        return self._call("submit_job", check_job_id(job_id), parsed.to_dict(), tenant)
+        priority_factor(priority)
+        return self._call("submit_job", check_job_id(job_id), parsed.to_dict(), tenant, priority)
+
+    def set_tenant(self, tenant: str, *, weight: float, device_seconds: float | None) -> float | None:
+        """``tenant``'s weight (its share of contended worker groups is in proportion to it) and
+        the device-seconds its jobs may still use from now on (None: no limit), in one step; the
+        engine keeps both across a scheduler restart (the budget less what was used since).
+        Returns the budget left before (None: no limit), as ``set_budget`` does."""
+        try:
+            value = float(weight)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"a tenant weight must be a finite number > 0, got {weight!r}")
+        _check_budget(device_seconds)
+        return self._call("set_tenant", tenant, value, device_seconds)
 
     def set_budget(self, tenant: str, device_seconds: float | None) -> float | None:
         """From now on ``tenant``'s jobs may use ``device_seconds`` more (None: no limit). Their
         calls past it wait, queued, and run when it is raised; the overrun is at most the calls
         running when it ran out. Returns what was left before."""
-        if device_seconds is not None and not math.isfinite(device_seconds):
-            raise ValueError(f"a budget must be a finite number of device-seconds, got {device_seconds!r}")
+        _check_budget(device_seconds)
         return self._call("set_budget", tenant, device_seconds)
 
     def budget_left(self, tenant: str) -> float | None:
@@ -140,3 +158,8 @@ class EngineClient:
 
         self._call("shutdown")
         ray.kill(self.actor)
+
+
+def _check_budget(device_seconds: float | None) -> None:
+    if device_seconds is not None and not math.isfinite(device_seconds):
+        raise ValueError(f"a budget must be a finite number of device-seconds, got {device_seconds!r}")

@@ -1,5 +1,6 @@
 """The job spec and the configs it carries, GRPO's and the engine service's: frozen dataclasses that
-validate themselves, errors naming the field (the CLI, the platform and the engine all use them).
+validate themselves, errors naming the field (the CLI, the platform and the engine all use them);
+and the job priorities a submission may name (``PRIORITIES``).
 
 Imports nothing heavy (no torch, Ray or vLLM): the control plane validates specs with it."""
 
@@ -220,6 +221,18 @@ class ServiceConfig:
     threads: int = 1  # torch threads per rank (fixed: results must not depend on load)
     max_resident: int = 2  # job states a group holds at once; others wait on the host
     max_recoveries: int = 3  # restarts of a job after engine faults before it is failed
+
+
+# A job's priority, by name: the factor the scheduler multiplies its calls' response ratios by. It
+# orders calls within the tenant's share of the worker groups; the share itself is the tenant's weight.
+PRIORITIES = {"low": 0.5, "normal": 1.0, "high": 2.0}
+
+
+def priority_factor(name: str) -> float:
+    """The factor of priority ``name`` (``PRIORITIES``), else ValueError naming the known ones."""
+    if not isinstance(name, str) or name not in PRIORITIES:
+        raise ValueError(f"unknown job priority {name!r}; known: {', '.join(PRIORITIES)}")
+    return PRIORITIES[name]
 
 
 def check_job_id(job_id: str) -> str:

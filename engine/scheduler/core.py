@@ -16,9 +16,21 @@ Rules (docs/architecture.md §4):
   behind it), and call ``seq`` waits until ``seq - 1`` has arrived and run. Each caller numbers
   its own *stream* of a job's calls (a restarted driver opens a new stream).
 - Among eligible calls, the highest response ratio with setup goes first:
-  ``weight * (wait + exec + setup) / (exec + setup)``, where exec is the job's online estimate for
-  that function and setup the estimated switch cost on each WPG where the job's state is not
+  ``weight * priority * (wait + exec + setup) / (exec + setup)``, where weight is the tenant's,
+  priority the job's (``set_priority``: 0.5 low, 1 normal, 2 high), exec the job's online estimate
+  for that function and setup the estimated switch cost on each WPG where the job's state is not
   resident. Ties: the call needing fewer switches, then the older call.
+- Fair share: tenants contending for a WPG get its time in proportion to their weights. Per
+  (tenant, WPG) a virtual time counts the seconds the tenant's calls held the WPG over its weight
+  (charged as calls complete). A call whose tenant's virtual time on one of its WPGs runs more than
+  ``share_quantum_s`` ahead of the least among the tenants with calls that may start there ranks
+  after every call within its share (the ratio orders each group), so the quantum is how far
+  HRRS may favour a tenant (to save a switch, or for a long-waiting call) before the share
+  applies. Idling banks no credit: each WPG keeps a clock, the least virtual time among the
+  tenants contending there when it starts a call, and a tenant's virtual time is never let trail
+  that clock by more than a quantum. Job priority reorders calls within a share, never the share.
+  Tenant ``""`` (jobs outside the platform: the CLI, the simulator) is not share-accounted: its
+  calls are ordered by HRRS alone, so with one tenant, or none, nothing changes.
 - Starvation guard: a call that has waited ``max_wait_s`` is *overdue*; overdue calls go first,
   oldest first, and the WPGs an overdue call is waiting for are held for it (as in EASY
   backfilling), so a multi-WPG call cannot be starved by single-WPG ones either.
@@ -60,6 +72,7 @@ class Policy:
     profile_steps: int = 2  # whole steps a new job runs as it comes before it is micro-shifted
     max_start_delay_s: float = 1.0  # the most a step is held back to keep its job on its phase
     offset_steps: int = 20  # phase offsets micro-shift tries per period
+    share_quantum_s: float = 1.0  # how far (WPG seconds over weight) a tenant may run ahead of its share
 
 
 @dataclass(frozen=True)
@@ -151,7 +164,8 @@ class ExecEstimates:
 
 
 def hrrs_ratio(wait_s: float, exec_s: float, setup_s: float, weight: float = 1.0) -> float:
-    """Highest response ratio with setup: (wait + exec + setup) / (exec + setup), times the weight."""
+    """Highest response ratio with setup: (wait + exec + setup) / (exec + setup), times the weight
+    (the tenant's weight times the job's priority)."""
     service = max(EXEC_FLOOR_S, exec_s + setup_s)
     return weight * (wait_s + service) / service
 
@@ -167,6 +181,10 @@ class Scheduler:
         self.running: dict[int, Dispatch] = {}
         self.paused: set[str] = set()
         self.weights: dict[str, float] = {}  # tenant -> weight (default 1)
+        self.priorities: dict[str, float] = {}  # job -> priority factor (default 1)
+        self.vtime: dict[tuple[str, str], float] = {}  # (tenant, WPG) -> seconds held there / weight
+        self.vclock: dict[str, float] = {}  # WPG -> least virtual time contending when it last started a call
+        self._share_min: dict[str, float] = {}  # WPG -> least virtual time among this decision's candidates
         self.budgets: dict[str, float] = {}  # tenant -> device-seconds it may still use (absent: no limit)
         self._reserved: dict[str, float] = {}  # tenant -> estimated device-seconds of its running calls
         self._estimated: dict[int, float] = {}  # running call id -> its estimated device-seconds
@@ -241,6 +259,11 @@ class Scheduler:
             self._reserved[call.tenant] -= estimate
         if call.tenant in self.budgets:
             self.budgets[call.tenant] -= sum(record.device_seconds for record in records)
+        if call.tenant:
+            weight = self.weights.get(call.tenant, 1.0)
+            for record in records:
+                key = (call.tenant, record.wpg)
+                self.vtime[key] = self.vtime.get(key, 0.0) + record.seconds / weight
         return records
 
     def pause(self, job: str) -> None:
@@ -250,9 +273,18 @@ class Scheduler:
         self.paused.discard(job)
 
     def set_weight(self, tenant: str, weight: float) -> None:
-        if not weight > 0:
-            raise ValueError("a tenant weight must be > 0")
-        self.weights[tenant] = weight
+        """``tenant``'s share of contended WPGs is in proportion to ``weight`` (default 1); the
+        time its calls use from now on counts at this weight."""
+        if not (weight > 0 and math.isfinite(weight)):
+            raise ValueError(f"a tenant weight must be a finite number > 0, got {weight!r}")
+        self.weights[tenant] = float(weight)
+
+    def set_priority(self, job: str, factor: float) -> None:
+        """Scale the ratio of ``job``'s calls by ``factor`` (0.5 low, 1 normal, 2 high): it orders
+        them within the tenant's share, and never widens the share."""
+        if not (factor > 0 and math.isfinite(factor)):
+            raise ValueError(f"a job priority must be a finite number > 0, got {factor!r}")
+        self.priorities[job] = float(factor)
 
     def set_budget(self, tenant: str, device_seconds: float | None) -> None:
         """From now on ``tenant`` may use ``device_seconds`` more (None: no limit); see Budgets."""
@@ -360,15 +392,40 @@ class Scheduler:
         if setup_s is None:
             setup_s, _ = self.setup_estimate(call)
         return hrrs_ratio(now - call.submitted, self.estimates.get(call.job, call.fn), setup_s,
-                          self.weights.get(call.tenant, 1.0))
+                          self.weights.get(call.tenant, 1.0) * self.priorities.get(call.job, 1.0))
 
-    def _key(self, call: Call, now: float, setup: tuple[float, tuple[str, ...]]) -> tuple:
-        """Sort key, best first: overdue calls oldest first, then the highest ratio, then fewer
-        switches, then the older call."""
+    def _key(self, call: Call, now: float, setup: tuple[float, tuple[str, ...]],
+             beyond: set[int] | frozenset[int] = frozenset()) -> tuple:
+        """Sort key, best first: overdue calls oldest first, then calls within their tenant's
+        share before those ``beyond`` it, then the highest ratio, then fewer switches, then the
+        older call."""
         if now - call.submitted >= self.policy.max_wait_s:
             return (0, call.submitted, call.id)
         seconds, switches = setup
-        return (1, -self.ratio(call, now, seconds), len(switches), call.id)
+        return (1, call.id in beyond, -self.ratio(call, now, seconds), len(switches), call.id)
+
+    def _fair_share(self, candidates: list[Call]) -> set[int]:
+        """The candidates whose tenant is past its share on one of their WPGs (see Fair share).
+
+        First each contending tenant's virtual time there is brought up to a quantum behind the
+        WPG's clock (time it idled is not owed to it); the least of them, per WPG, is kept for the
+        dispatches to advance the clock. Linear in the candidates; none is past its share with
+        fewer than two tenants contending for a WPG."""
+        quantum = self.policy.share_quantum_s
+        least: dict[str, float] = {}
+        for call in candidates:
+            if not call.tenant:
+                continue
+            for w in call.wpgs:
+                key = (call.tenant, w)
+                vt = self.vtime[key] = max(self.vtime.get(key, 0.0), self.vclock.get(w, 0.0) - quantum)
+                if vt < least.get(w, math.inf):
+                    least[w] = vt
+        self._share_min = least
+        if not least:
+            return set()
+        return {call.id for call in candidates if call.tenant and any(
+            self.vtime[(call.tenant, w)] > least[w] + quantum for w in call.wpgs)}
 
     # -- the decision ---------------------------------------------------------------------------
     def decide(self, now: float) -> list[Dispatch | Prefetch]:
@@ -388,9 +445,10 @@ class Scheduler:
         # ranked before anything starts, so the WPGs free now are those the filter must see
         candidates = [c for c in eligible if c.submitted <= overdue or self._free.issuperset(c.wpgs)]
         setups = {c.id: self.setup_estimate(c) for c in candidates}
+        beyond = self._fair_share(candidates)
         started: list[str] = []
         if len(candidates) > 1:  # one alone needs no ranking: its WPGs are free or it waits
-            candidates.sort(key=lambda c: self._key(c, now, setups[c.id]))
+            candidates.sort(key=lambda c: self._key(c, now, setups[c.id], beyond))
         for call in candidates:
             if not all(self.wpgs[w].running is None and w not in held for w in call.wpgs):
                 if now - call.submitted >= self.policy.max_wait_s:
@@ -408,6 +466,8 @@ class Scheduler:
                 self.wpgs[w].running = call.id
                 self.wpgs[w].touch(call.deployment)
                 self._free.discard(w)
+                if w in self._share_min:  # tenants contended here: the WPG's clock moves on
+                    self.vclock[w] = max(self.vclock.get(w, 0.0), self._share_min[w])
             self._take(call)
             dispatch = Dispatch(call, now, setup, switches, queued)
             self.running[call.id] = dispatch
@@ -422,7 +482,7 @@ class Scheduler:
                 waiting = by_wpg.get(name)
                 if not waiting:
                     continue
-                nxt = min(waiting, key=lambda c: self._key(c, now, self.setup_estimate(c)))
+                nxt = min(waiting, key=lambda c: self._key(c, now, self.setup_estimate(c), beyond))
                 if not self.wpgs[name].is_resident(nxt.deployment):
                     decisions.append(Prefetch(name, nxt.deployment))
         return decisions
@@ -462,5 +522,6 @@ class Scheduler:
         self.aligner.forget(job)
         self.not_before.pop(job, None)
         self.paused.discard(job)
+        self.priorities.pop(job, None)
         for key in [k for k in self.switch_costs if k[0][0] == job]:
             del self.switch_costs[key]

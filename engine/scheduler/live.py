@@ -8,7 +8,9 @@ job's state from the StateManager while the current call runs.
 
 The actor is asynchronous (one event loop, no threads): decisions are made one at a time, in the
 order events arrive. It is a named, detached actor so every job's driver reaches the same one;
-``stop_scheduler`` ends it with the engine.
+``stop_scheduler`` ends it with the engine. It keeps the tenants' weights and budgets and the jobs'
+priorities in memory only: the engine's controller starts it with the ones it recorded
+(``engine.service.tenants``), so one started after another died has them before its first call.
 
 A Ray actor call costs a millisecond or more on a small node, and a call through the scheduler
 would pay two of them (caller -> scheduler -> rank) where a direct call pays one. Routers on the
@@ -44,8 +46,18 @@ SCHEDULER_NAME = "plexrl-scheduler"
 
 @ray.remote(num_cpus=0)
 class SchedulerService:
-    def __init__(self, policy: Policy | None = None):
+    """``tenants``: ``{tenant: {"weight": w, "budget": device-seconds left or None}}`` (either may
+    be absent) and ``priorities``: ``{job: factor}``, in force before any call is submitted."""
+
+    def __init__(self, policy: Policy | None = None, tenants: dict[str, dict[str, float | None]] | None = None,
+                 priorities: dict[str, float] | None = None):
         self.core = Scheduler(policy)
+        for tenant, state in (tenants or {}).items():
+            if state.get("weight") is not None:
+                self.core.set_weight(tenant, state["weight"])
+            self.core.set_budget(tenant, state.get("budget"))
+        for job, factor in (priorities or {}).items():
+            self.core.set_priority(job, factor)
         self.groups: dict[str, Any] = {}  # name -> WorkerGroup
         self._waiting: dict[int, tuple[asyncio.Future, Request | ray.ObjectRef]] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -239,16 +251,34 @@ class SchedulerService:
     def set_weight(self, tenant: str, weight: float) -> None:
         self.core.set_weight(tenant, weight)
 
+    def set_priority(self, job: str, factor: float) -> None:
+        self.core.set_priority(job, factor)
+
     def set_budget(self, tenant: str, device_seconds: float | None) -> float | None:
         """The tenant's device-seconds left (None: no limit); a raised one lets its calls start.
         Returns what was left before (None: no limit), read and replaced in one step."""
+        return self.set_tenant(tenant, None, device_seconds)[0]
+
+    def set_tenant(self, tenant: str, weight: float | None, device_seconds: float | None) -> tuple[float | None, float]:
+        """The tenant's weight (None: unchanged) and device-seconds left (None: no limit), in one
+        step. Returns the budget left before (None: no limit) and this clock's time of the change
+        (that of the usage records: the calls ending after it spend the new budget)."""
         before = self.core.budget_left(tenant)
+        if weight is not None:
+            self.core.set_weight(tenant, weight)
         self.core.set_budget(tenant, device_seconds)
         self._pump()
-        return before
+        return before, self._now()
 
     def budget_left(self, tenant: str) -> float | None:
         return self.core.budget_left(tenant)
+
+    def tenant(self, tenant: str) -> dict[str, float | None]:
+        """``{"weight", "budget"}``: the tenant's weight and device-seconds left (None: no limit)."""
+        return {"weight": self.core.weights.get(tenant, 1.0), "budget": self.core.budget_left(tenant)}
+
+    def priority(self, job: str) -> float:
+        return self.core.priorities.get(job, 1.0)
 
     def forget(self, job: str) -> None:
         self.core.forget(job)
@@ -280,9 +310,14 @@ class SchedulerService:
         }
 
 
-def scheduler_service(groups: list[Any] | None = None, policy: Policy | None = None):
-    """The engine's scheduler actor (started on first use), with ``groups`` registered."""
-    handle = SchedulerService.options(name=SCHEDULER_NAME, lifetime="detached", get_if_exists=True).remote(policy)
+def scheduler_service(groups: list[Any] | None = None, policy: Policy | None = None, *,
+                      tenants: dict[str, dict[str, float | None]] | None = None,
+                      priorities: dict[str, float] | None = None):
+    """The engine's scheduler actor, with ``groups`` registered. Started on first use, with
+    ``policy``, ``tenants`` and ``priorities`` (see ``SchedulerService``); a running one is
+    returned as it is."""
+    handle = SchedulerService.options(name=SCHEDULER_NAME, lifetime="detached", get_if_exists=True).remote(
+        policy, tenants, priorities)
     if groups:
         ray.get(handle.add_groups.remote(list(groups)))
     return handle

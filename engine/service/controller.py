@@ -10,6 +10,10 @@ Job state lives in the job's event log (``state`` events: queued, running, pause
 failed, cancelled). One writer at a time: the service writes ``queued`` before the driver exists and
 ``cancelled`` / ``failed`` after it is gone; while the driver runs, it writes everything, including
 the pause and resume the service asks it to record.
+
+It also starts the scheduler (``engine.scheduler.live``), first and after one died, with the
+tenants' weights and budgets the platform pushed (recorded across restarts by
+``engine.service.tenants``, budgets less what was used since) and the running jobs' priorities.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError
 
 from engine.errors import UnknownJob, fault_reason, is_engine_fault
 from engine.paths import events_path
 from engine.service.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
-from engine.spec import JobSpec, ServiceConfig, check_job_id
+from engine.service.tenants import TenantBook
+from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
 
 _log = logging.getLogger(__name__)
 
@@ -52,6 +58,9 @@ class EngineService:
         self.runs: dict[str, Any] = {}  # job id -> ObjectRef of its run()
         self.cancelling: set[str] = set()
         self.jobs: dict[str, tuple[JobSpec, str]] = {}  # job id -> (spec, tenant), while it runs here
+        self.priorities: dict[str, float] = {}  # job id -> priority factor, while it runs here (absent: 1)
+        self.tenants = TenantBook(self.data_dir)  # the platform's last pushes, for a new scheduler
+        self.tenant_lock = threading.RLock()  # one push at a time: the book records them in the scheduler's order
         self.recoveries: dict[str, int] = {}  # job id -> times it was resumed after an engine fault
         self.replacing: set[str] = set()  # jobs whose driver the service kills to start a new one
         self.lock = threading.RLock()
@@ -80,10 +89,32 @@ class EngineService:
                 self.groups[key] = self._start_group(key)
         return [self.groups[key] for key in self._group_keys(spec)]
 
+    # -- the scheduler ------------------------------------------------------------------------------
+    def _scheduler(self) -> Any:
+        """The scheduler actor; started, with what a new one must know, if none runs."""
+        from engine.scheduler.live import SCHEDULER_NAME
+
+        try:
+            return ray.get_actor(SCHEDULER_NAME)
+        except ValueError:
+            return self._start_scheduler()
+
+    def _start_scheduler(self) -> Any:
+        """Start the scheduler with the groups, the tenants' weights and budgets (each pushed
+        budget less the usage since its push) and the running jobs' priorities, so it orders and
+        holds calls by them from its first call on."""
+        from engine.scheduler.live import scheduler_service
+
+        with self.tenant_lock:
+            tenants = self.tenants.for_scheduler()
+        return scheduler_service(list(self.groups.values()), tenants=tenants,
+                                 priorities={job: self.priorities[job] for job in self.jobs if job in self.priorities})
+
     def _start_driver(self, job_id: str, *, resume: bool = False) -> None:
         """Start the job's driver (``resume``: it replaces one that died). Holds the lock."""
         from engine.service.driver import JobDriver
 
+        self._scheduler()  # one started here, not by the driver's router, has the tenants' weights and budgets
         spec, tenant = self.jobs[job_id]
         driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2).remote(
             job_id, spec, self._groups_for(spec), str(events_path(self.data_dir, job_id)), self.config.threads,
@@ -92,14 +123,24 @@ class EngineService:
         self.runs[job_id] = driver.run.remote()
 
     # -- the service API ----------------------------------------------------------------------------
-    def submit_job(self, job_id: str, spec: dict[str, Any], tenant: str = "") -> dict[str, Any]:
+    def submit_job(self, job_id: str, spec: dict[str, Any], tenant: str = "",
+                   priority: str = "normal") -> dict[str, Any]:
+        """``priority``: a name in ``engine.spec.PRIORITIES``; it orders the job's calls within
+        its tenant's share. Idempotent by job id (a second submission changes nothing)."""
         job_id = check_job_id(job_id)
         parsed = JobSpec.from_dict(spec)
+        factor = priority_factor(priority)
         path = events_path(self.data_dir, job_id)
         with self.lock:
             if job_id in self.drivers or path.exists():
                 return self.status(job_id)  # submitted before: never a second driver
             self._groups_for(parsed)
+            if factor != 1.0:
+                self.priorities[job_id] = factor
+                try:  # before its first call (a scheduler that died meanwhile is started with it)
+                    ray.get(self._scheduler().set_priority.remote(job_id, factor))
+                except RayActorError as exc:
+                    _log.warning("engine: priority of %s not set yet: %s", job_id, fault_reason(exc))
             log = EventLog(path)
             log.append("state", {"state": "queued"}, durable=True)
             log.append("spec", parsed.to_dict(), durable=True)
@@ -129,8 +170,6 @@ class EngineService:
         return self._set_paused(job_id, False)
 
     def _set_paused(self, job_id: str, paused: bool) -> dict[str, Any]:
-        from engine.scheduler.live import scheduler_service
-
         with self.lock:
             driver = self.drivers.get(job_id)
             if driver is None:
@@ -138,7 +177,7 @@ class EngineService:
             current = self.status(job_id)
             if (current.get("state") == "paused") == paused:
                 return current  # already so: nothing to do, nothing logged
-            scheduler = scheduler_service()
+            scheduler = self._scheduler()
             # queued calls stay queued while paused (never dropped); the running one finishes
             ray.get((scheduler.pause if paused else scheduler.resume).remote(job_id))
             ray.get(driver.note.remote("state", {"state": "paused" if paused else "running"}))
@@ -147,14 +186,19 @@ class EngineService:
     def set_budget(self, tenant: str, device_seconds: float | None) -> float | None:
         """The device-seconds ``tenant``'s jobs may still use (None: no limit); returns what the
         scheduler had left before (None: no limit)."""
-        from engine.scheduler.live import scheduler_service
+        return self.set_tenant(tenant, None, device_seconds)
 
-        return ray.get(scheduler_service().set_budget.remote(tenant, device_seconds))
+    def set_tenant(self, tenant: str, weight: float | None, device_seconds: float | None) -> float | None:
+        """``tenant``'s weight (its fair share; None: unchanged) and the device-seconds its jobs may
+        still use (None: no limit), recorded for a scheduler started later; returns the budget
+        the scheduler had left before (None: no limit)."""
+        with self.tenant_lock:
+            before, at = ray.get(self._scheduler().set_tenant.remote(tenant, weight, device_seconds))
+            self.tenants.pushed(tenant, budget=device_seconds, at=at, weight=weight)
+        return before
 
     def budget_left(self, tenant: str) -> float | None:
-        from engine.scheduler.live import scheduler_service
-
-        return ray.get(scheduler_service().budget_left.remote(tenant))
+        return ray.get(self._scheduler().budget_left.remote(tenant))
 
     def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
         with self.lock:
@@ -170,9 +214,7 @@ class EngineService:
         return self.status(job_id)
 
     def cluster_snapshot(self) -> dict[str, Any]:
-        from engine.scheduler.live import scheduler_service
-
-        stats = ray.get(scheduler_service().stats.remote()) if self.groups else {}
+        stats = ray.get(self._scheduler().stats.remote()) if self.groups else {}
         return {
             "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
                         "devices": self.config.devices_per_group, "max_resident": self.config.max_resident}
@@ -204,6 +246,7 @@ class EngineService:
             self.drivers.pop(job_id, None)
             self.runs.pop(job_id, None)
             job = self.jobs.pop(job_id, None)
+            self.priorities.pop(job_id, None)
             self.cancelling.discard(job_id)
             path = events_path(self.data_dir, job_id)
             if terminal is not None and job_state(read_events(path)).get("state") not in TERMINAL_STATES:
@@ -218,21 +261,17 @@ class EngineService:
         """An ended job's calls, estimates and states leave the scheduler, the groups and the
         StateManager (else every job ever run would keep its state there). Best effort: a group or
         scheduler that died meanwhile holds nothing of it any more."""
-        from engine.scheduler.live import scheduler_service
-
         try:
             self._drop_calls_and_states(job_id, spec)
             with contextlib.suppress(ValueError):  # a cancelled job's call still running: kept
-                ray.get(scheduler_service().forget.remote(job_id))
+                ray.get(self._scheduler().forget.remote(job_id))
         except Exception as exc:
             _log.warning("engine: releasing %s: %s", job_id, fault_reason(exc))
 
     def _drop_calls_and_states(self, job_id: str, spec: JobSpec) -> None:
         """The job's queued calls leave the scheduler (its running ones finish), then its states
         leave the groups, once those calls are done (a rank runs its calls in order)."""
-        from engine.scheduler.live import scheduler_service
-
-        ray.get(scheduler_service().abandon.remote(job_id))
+        ray.get(self._scheduler().abandon.remote(job_id))
         for key in self._group_keys(spec):
             if key in self.groups:
                 self.groups[key].drop_job(job_id)
@@ -281,9 +320,10 @@ class EngineService:
                                           f"at most {self.config.max_recoveries}")
 
     def _heal(self) -> set[str]:
-        """Start a new scheduler if it died, and new worker groups for those that lost a rank.
+        """Start a new scheduler if it died (with the tenants' weights and budgets and the jobs'
+        priorities: ``_start_scheduler``), and new worker groups for those that lost a rank.
         Returns the running jobs that used what was replaced (all of them for the scheduler)."""
-        from engine.scheduler.live import SCHEDULER_NAME, scheduler_service
+        from engine.scheduler.live import SCHEDULER_NAME
 
         try:
             ray.get(ray.get_actor(SCHEDULER_NAME).ping.remote(), timeout=60)
@@ -293,12 +333,12 @@ class EngineService:
         affected: set[str] = set()
         if not scheduler_ok:
             _wait_name_free(SCHEDULER_NAME)
-            scheduler = scheduler_service(list(self.groups.values()))
+            scheduler = self._start_scheduler()
             affected |= set(self.drivers)
             paused = [job for job in self.drivers if self.status(job).get("state") == "paused"]
-            ray.get([scheduler.pause.remote(job) for job in paused])  # budgets: the platform sends them again
+            ray.get([scheduler.pause.remote(job) for job in paused])
         else:
-            scheduler = scheduler_service()
+            scheduler = self._scheduler()
         lost = ray.get(scheduler.lost_groups.remote())
         for key, group in list(self.groups.items()):
             if group.name not in lost:

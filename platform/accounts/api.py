@@ -256,6 +256,24 @@ class OrgAPIView(OrganizationScopedMixin, APIView):
     """An ``APIView`` acting within the request's organization."""
 
 
+class IsPlatformStaff(BasePermission):
+    """Platform staff (``User.is_staff``): those who run the platform, not a tenant's role."""
+
+    message = "Only platform staff may do this; plans and quotas are set by the platform."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return bool(request.user and request.user.is_staff)
+
+
+class StaffAPIView(OrganizationScopedMixin, GenericAPIView):
+    """A platform staff view (plans, assigning them): no organization is needed and no tenant role,
+    however high, is enough. ``request.organization`` is still resolved, for views that show it."""
+
+    organization_required = False
+    organization_url_kwarg = None  # staff address any organization
+    permission_classes = (IsAuthenticated, IsPlatformStaff)
+
+
 class OrgGenericAPIView(OrganizationScopedMixin, GenericAPIView):
     """A ``GenericAPIView`` (pagination, ``get_serializer``) acting within the request's organization."""
 

@@ -1,5 +1,5 @@
-"""Account models: users, organizations (the tenants), memberships with roles, API tokens, quotas
-and the audit log.
+"""Account models: users, organizations (the tenants), memberships with roles, API tokens, the
+plans platform staff assign (an organization's quota and its scheduler weight) and the audit log.
 
 Writes go through ``accounts.services`` and reads through ``accounts.selectors``; both take the
 organization first, so no query here runs without its tenant.
@@ -29,11 +29,104 @@ class User(AbstractUser):
     who create organizations and (later) see cluster-wide views."""
 
 
+class Priority(models.TextChoices):
+    """A job's priority within its organization's share of the devices, chosen at submission up to
+    what the plan allows. The engine multiplies the tenant's weight by its factor
+    (``engine.spec.PRIORITIES``)."""
+
+    LOW = "low", "Low"
+    NORMAL = "normal", "Normal"
+    HIGH = "high", "High"
+
+    @property
+    def rank(self) -> int:
+        return list(Priority).index(self)
+
+
+class Plan(models.Model):
+    """What an organization may use, set by platform staff only: its quota (null: unlimited) and its
+    weight in the scheduler's fair share. Every organization is on exactly one plan; new ones get
+    the default plan (``settings.PLEXRL_DEFAULT_PLAN``)."""
+
+    name = models.SlugField(max_length=50, unique=True)
+    description = models.CharField(max_length=200, blank=True)
+    device_hours_per_month = models.DecimalField(
+        max_digits=12, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(0)],
+        help_text="Device-hours its jobs may use per calendar month (empty: unlimited).",
+    )
+    max_concurrent_jobs = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Jobs running at once; more wait queued (empty: unlimited).",
+    )
+    max_devices_per_job = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Devices one job may reserve (empty: unlimited).",
+    )
+    weight = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.01)],
+        help_text="The organization's share of contended devices, relative to other organizations' weights.",
+    )
+    max_priority = models.CharField(
+        max_length=8, choices=Priority.choices, default=Priority.NORMAL,
+        help_text="The highest priority its jobs may ask for.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    # The limits, in display order; then the fields staff may change.
+    LIMIT_FIELDS = ("device_hours_per_month", "max_concurrent_jobs", "max_devices_per_job")
+    EDITABLE_FIELDS = ("description", *LIMIT_FIELDS, "weight", "max_priority")
+
+    class Meta:
+        ordering = ("name",)
+        constraints = (models.CheckConstraint(condition=models.Q(weight__gt=0), name="plan_weight_positive"),)
+
+    def __str__(self) -> str:
+        limits = ", ".join(
+            f"{name}={'unlimited' if getattr(self, name) is None else getattr(self, name)}"
+            for name in self.LIMIT_FIELDS
+        )
+        return f"Plan {self.name}: {limits}, weight={self.weight:g}, max_priority={self.max_priority}"
+
+    @property
+    def is_unlimited(self) -> bool:
+        """Whether any limit is missing (such a plan may not be the default)."""
+        return any(getattr(self, name) is None for name in self.LIMIT_FIELDS)
+
+    def allows_priority(self, priority: str) -> bool:
+        return Priority(priority).rank <= Priority(self.max_priority).rank
+
+
+def default_plan() -> Plan:
+    """The plan new organizations start on: ``settings.PLEXRL_DEFAULT_PLAN``. It must exist and
+    limit everything (a platform never hands out unlimited use by default)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    name = settings.PLEXRL_DEFAULT_PLAN
+    plan = Plan.objects.filter(name=name).first()
+    if plan is None:
+        raise ImproperlyConfigured(
+            f"The default plan {name!r} (PLEXRL_DEFAULT_PLAN) does not exist; create it with "
+            f"`manage.py plan create {name} ...` or name another one."
+        )
+    if plan.is_unlimited:
+        raise ImproperlyConfigured(
+            f"The default plan {name!r} leaves a limit unlimited; set every limit, or name another plan."
+        )
+    return plan
+
+
+def default_plan_id() -> int:
+    return default_plan().pk
+
+
 class Organization(models.Model):
-    """A tenant: every job, token, quota and audit row belongs to exactly one."""
+    """A tenant: every job, token and audit row belongs to exactly one; it is on one plan."""
 
     name = models.CharField(max_length=100, unique=True)
     slug = models.SlugField(max_length=100, unique=True)
+    plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="organizations", default=default_plan_id,
+                             help_text="Set by platform staff only.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -131,36 +224,16 @@ class ApiToken(models.Model):
         return self.revoked_at is not None
 
 
-class Quota(models.Model):
-    """An organization's limits; a null limit means unlimited."""
-
-    organization = models.OneToOneField(Organization, on_delete=models.CASCADE, related_name="quota")
-    device_hours_per_month = models.DecimalField(
-        max_digits=12, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(0)]
-    )
-    max_concurrent_jobs = models.PositiveIntegerField(null=True, blank=True)
-    max_devices_per_job = models.PositiveIntegerField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    # The limits quota_set may change, in display order.
-    LIMIT_FIELDS = ("device_hours_per_month", "max_concurrent_jobs", "max_devices_per_job")
-
-    def __str__(self) -> str:
-        limits = ", ".join(
-            f"{name}={'unlimited' if getattr(self, name) is None else getattr(self, name)}"
-            for name in self.LIMIT_FIELDS
-        )
-        return f"Quota of {self.organization}: {limits}"
-
-
 class AuditLog(models.Model):
     """Who changed what in an organization, written in the same transaction as the change.
 
     ``action`` is ``<noun>.<verb>``: organization.created, member.added, member.removed,
-    member.role_changed, token.created, token.revoked, quota.changed (the jobs app adds job.*).
+    member.role_changed, token.created, token.revoked, plan.assigned, plan.changed (the jobs app
+    adds job.*). Rows of no organization are the platform's own (plan.created, plan.changed).
     """
 
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="audit_log")
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="audit_log",
+                                     null=True, blank=True, help_text="Empty: a platform-wide change.")
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         on_delete=models.SET_NULL,
@@ -179,4 +252,5 @@ class AuditLog(models.Model):
         indexes = (models.Index(fields=("organization", "-created_at"), name="auditlog_org_created"),)
 
     def __str__(self) -> str:
-        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.organization}: {self.action} {self.target}"
+        where = self.organization or "platform"
+        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {where}: {self.action} {self.target}"

@@ -4,9 +4,9 @@ user. Called by the REST views, the tenancy layer (``accounts.api``) and the man
 """
 
 from django.db import connections
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Count, OuterRef, QuerySet, Subquery
 
-from accounts.models import ApiToken, AuditLog, Membership, Organization, Quota, User
+from accounts.models import ApiToken, AuditLog, Membership, Organization, Plan, User
 from accounts.sql import ModelColumns, fetch_one
 
 
@@ -99,27 +99,34 @@ def tokens_of(*, organization: Organization) -> QuerySet[ApiToken]:
     return ApiToken.objects.filter(organization=organization).select_related("user").order_by("-created_at", "-id")
 
 
-def quota_of(*, organization: Organization) -> Quota:
-    """The organization's quota; an unsaved, unlimited one if none was stored."""
-    return Quota.objects.filter(organization=organization).first() or Quota(organization=organization)
+def quota_of(*, organization: Organization) -> Plan:
+    """The organization's quota: its plan's limits (null: unlimited), weight and highest priority."""
+    return Plan.objects.get(organizations=organization)
+
+
+def plans() -> QuerySet[Plan]:
+    """Every plan, with how many organizations are on it (platform staff only)."""
+    return Plan.objects.annotate(organization_count=Count("organizations")).order_by("name")
 
 
 def quota_usage(*, organization: Organization) -> dict[str, object]:
     """What the organization uses against its quota: device-hours billed this calendar month (the
-    usage ledger), its active jobs (queued, profiling, running or paused), and how far the month's
+    usage ledger), its jobs holding a slot (``concurrent_jobs``: sent to the engine and not ended)
+    and those waiting for one (``queued_jobs``), and how far the month's
     use went past its device-hour budget (``over_budget_device_hours``: 0 within it, None without
     one). The engine starts no call past the budget, so the overrun is the calls running as it ran
     out: at most one call a job, plus the usage of the last event pull."""
     from django.utils import timezone
 
     from billing.selectors import device_hours_in_month  # the apps above accounts, imported late
-    from jobs.selectors import active_jobs_count
+    from jobs.selectors import active_jobs_count, jobs_waiting_for_slot_count
 
     used = round(device_hours_in_month(organization=organization, when=timezone.now()), 6)
     budget = quota_of(organization=organization).device_hours_per_month
     return {"device_hours_this_month": used,
             "over_budget_device_hours": None if budget is None else max(0.0, round(used - float(budget), 6)),
-            "concurrent_jobs": active_jobs_count(organization=organization)}
+            "concurrent_jobs": active_jobs_count(organization=organization),
+            "queued_jobs": jobs_waiting_for_slot_count(organization=organization)}
 
 
 def audit_of(*, organization: Organization) -> QuerySet[AuditLog]:

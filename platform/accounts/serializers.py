@@ -5,13 +5,15 @@ Input serializers only validate (services do the writes) and reject unknown fiel
 ``TokenCreatedSerializer``, which shows the plaintext the one time it exists.
 """
 
+from typing import Any
+
 from django.contrib.auth import authenticate
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accounts import selectors
 from accounts.api import ModelSerializer, StrictFieldsMixin
-from accounts.models import TOKEN_MAX_DAYS, ApiToken, AuditLog, Membership, Organization, Quota, Role, User
+from accounts.models import TOKEN_MAX_DAYS, ApiToken, AuditLog, Membership, Organization, Plan, Priority, Role, User
 
 
 def _username_field(**kwargs) -> serializers.SlugRelatedField:
@@ -170,49 +172,87 @@ class MemberRoleSerializer(StrictFieldsMixin, serializers.Serializer):
     role = serializers.ChoiceField(choices=Role.choices)
 
 
-# --- quota and audit ----------------------------------------------------------------------------
+# --- plans, quota and audit ---------------------------------------------------------------------
 
 _HOURS = {"max_digits": 12, "decimal_places": 2, "min_value": 0, "allow_null": True, "coerce_to_string": False}
+_COUNT = {"min_value": 1, "max_value": 2**31 - 1, "allow_null": True}
 
 
-class QuotaUpdateSerializer(StrictFieldsMixin, serializers.Serializer):
-    """``PATCH quota/``: any of the limits; null means unlimited."""
+class PlanInputSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST plans/`` (``name`` required) and ``PATCH plans/{id}/`` (any field but the name);
+    null limits mean unlimited."""
 
+    name = serializers.SlugField(max_length=50)
+    description = serializers.CharField(max_length=200, allow_blank=True, required=False)
     device_hours_per_month = serializers.DecimalField(required=False, **_HOURS)
-    max_concurrent_jobs = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, allow_null=True)
-    max_devices_per_job = serializers.IntegerField(min_value=0, max_value=2**31 - 1, required=False, allow_null=True)
+    max_concurrent_jobs = serializers.IntegerField(required=False, **_COUNT)
+    max_devices_per_job = serializers.IntegerField(required=False, **_COUNT)
+    weight = serializers.FloatField(min_value=0.01, max_value=1000, required=False)
+    max_priority = serializers.ChoiceField(choices=Priority.choices, required=False)
+
+    def __init__(self, *args: Any, partial_update: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        if partial_update:  # a plan keeps its name: it is how staff and the audit log refer to it
+            del self.fields["name"]
+
+
+class PlanSerializer(ModelSerializer):
+    """A plan as platform staff see it, with how many organizations are on it."""
+
+    device_hours_per_month = serializers.DecimalField(read_only=True, **_HOURS)
+    organization_count = serializers.IntegerField(read_only=True, default=None)
+
+    class Meta:
+        model = Plan
+        fields = ("id", "name", "description", *Plan.LIMIT_FIELDS, "weight", "max_priority",
+                  "organization_count", "created_at", "updated_at")
+        read_only_fields = fields
+
+
+class PlanAssignSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``PUT organizations/{id}/plan/``: the plan's name."""
+
+    plan = serializers.SlugRelatedField(slug_field="name", queryset=Plan.objects.all())
+
+
+class OrganizationPlanSerializer(serializers.Serializer):
+    """An organization and the plan it is on (what ``PUT organizations/{id}/plan/`` answers)."""
+
+    organization = serializers.IntegerField(source="pk", read_only=True)
+    slug = serializers.CharField(read_only=True)
+    plan = PlanSerializer(read_only=True)
 
 
 class QuotaUsageSerializer(serializers.Serializer):
-    """Use against the quota; null until the billing and jobs apps measure it."""
+    """Use against the quota."""
 
     device_hours_this_month = serializers.DecimalField(read_only=True, **_HOURS)
     over_budget_device_hours = serializers.DecimalField(
         read_only=True, help_text="This month's use past device_hours_per_month (null: no budget).",
         **_HOURS)
-    concurrent_jobs = serializers.IntegerField(read_only=True, allow_null=True)
+    concurrent_jobs = serializers.IntegerField(read_only=True, help_text="Jobs holding a slot (not ended).")
+    queued_jobs = serializers.IntegerField(read_only=True, help_text="Jobs waiting queued for a slot.")
 
 
 class QuotaSerializer(ModelSerializer):
-    """The current organization's quota (null limits: unlimited) and its use."""
+    """The current organization's plan: its limits (null: unlimited), its scheduler weight, the
+    highest priority its jobs may ask for, and its use. Set by platform staff only."""
 
+    plan = serializers.CharField(source="name", read_only=True)
+    organization = serializers.SerializerMethodField()
     device_hours_per_month = serializers.DecimalField(read_only=True, **_HOURS)
     usage = serializers.SerializerMethodField()
 
     class Meta:
-        model = Quota
-        fields = (
-            "organization",
-            "device_hours_per_month",
-            "max_concurrent_jobs",
-            "max_devices_per_job",
-            "updated_at",
-            "usage",
-        )
+        model = Plan
+        fields = ("organization", "plan", *Plan.LIMIT_FIELDS, "weight", "max_priority", "updated_at", "usage")
         read_only_fields = fields
 
+    def get_organization(self, obj: Plan) -> int:
+        return self.context["organization"].pk
+
     @extend_schema_field(QuotaUsageSerializer)
-    def get_usage(self, obj: Quota) -> dict:
+    def get_usage(self, obj: Plan) -> dict:
         return QuotaUsageSerializer(self.context["usage"]).data
 
 

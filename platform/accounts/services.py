@@ -1,4 +1,4 @@
-"""Writes of the accounts app: organizations, members, tokens, quotas, with their audit rows.
+"""Writes of the accounts app: organizations, members, tokens, plans, with their audit rows.
 
 Called by the REST views (``accounts.views``), the management commands and, for ``audit_record``,
 the other apps' services. Every function takes keyword-only arguments, runs in one transaction
@@ -7,18 +7,23 @@ as a management command, which skips the role checks).
 
 Errors are Django's: ``ValidationError`` for invalid requests (the API answers 400) and
 ``PermissionDenied`` for rules about who may do what (403).
+
+Plans are the platform's, not the tenants': only platform staff (or the system) create, change and
+assign them. A change that reaches organizations sends ``signals.plan_changed`` after commit, on
+which the jobs app starts the jobs a raised concurrency limit lets through and sends the new
+weight and budget to the engine.
 """
 
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import ImproperlyConfigured, PermissionDenied, ValidationError
 from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from accounts import websocket
+from accounts import signals, websocket
 from accounts.models import (
     TOKEN_DISPLAY_CHARS,
     TOKEN_MAX_DAYS,
@@ -26,20 +31,24 @@ from accounts.models import (
     AuditLog,
     Membership,
     Organization,
-    Quota,
+    Plan,
+    Priority,
     Role,
     User,
+    default_plan,
     token_digest,
     token_generate,
 )
 
 
 def audit_record(
-    *, organization: Organization, actor: User | None, action: str, target: str = "", data: dict | None = None
+    *, organization: Organization | None, actor: User | None, action: str, target: str = "",
+    data: dict | None = None,
 ) -> AuditLog:
     """Append an audit row; call it inside the transaction of the change it records.
 
     Used by every service here and by the jobs app (job.created, job.cancelled, job.paused).
+    ``organization`` None: a platform-wide change (a plan created or changed).
     """
     return AuditLog.objects.create(
         organization=organization, actor=actor, action=action, target=target[:200], data=data or {}
@@ -81,7 +90,8 @@ def _check_keeps_an_owner(*, organization: Organization, losing: Membership) -> 
 
 @transaction.atomic
 def organization_create(*, name: str, owner: User, actor: User | None = None, slug: str = "") -> Organization:
-    """Create an organization with ``owner`` as its first owner and an unlimited quota.
+    """Create an organization with ``owner`` as its first owner, on the default plan
+    (``settings.PLEXRL_DEFAULT_PLAN``).
 
     Called by the organizations API (platform staff) and ``manage.py create_organization``.
     """
@@ -95,15 +105,18 @@ def organization_create(*, name: str, owner: User, actor: User | None = None, sl
         raise ValidationError({"name": f"An organization named {name!r} already exists."})
     if Organization.objects.filter(slug=slug).exists():
         raise ValidationError({"slug": f"An organization with the slug {slug!r} already exists."})
-    organization = Organization.objects.create(name=name, slug=slug)
+    try:
+        plan = default_plan()
+    except ImproperlyConfigured as exc:
+        raise ValidationError({"plan": str(exc)}) from None
+    organization = Organization.objects.create(name=name, slug=slug, plan=plan)
     Membership.objects.create(user=owner, organization=organization, role=Role.OWNER)
-    Quota.objects.create(organization=organization)
     audit_record(
         organization=organization,
         actor=actor,
         action="organization.created",
         target=organization.slug,
-        data={"name": name, "owner": owner.username},
+        data={"name": name, "owner": owner.username, "plan": plan.name},
     )
     return organization
 
@@ -239,30 +252,81 @@ def token_revoke(*, token: ApiToken, actor: User | None) -> ApiToken:
     return token
 
 
-# --- quotas -------------------------------------------------------------------------------------
+# --- plans (platform staff) ---------------------------------------------------------------------
+
+
+def _check_staff(actor: User | None, what: str) -> None:
+    """Plans are the platform's: only staff (or the system, ``actor`` None) change them."""
+    if actor is not None and not actor.is_staff:
+        raise PermissionDenied(f"Only platform staff may {what}.")
+
+
+def _plan_fields(plan: Plan, fields: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Set ``fields`` on ``plan`` (validated); returns what changed, ``{name: {"from", "to"}}``."""
+    unknown = sorted(set(fields) - set(Plan.EDITABLE_FIELDS))
+    if unknown:
+        raise ValidationError(dict.fromkeys(unknown, "Not a field of a plan."))
+    changes = {}
+    for name, value in fields.items():
+        if value is not None and name == "device_hours_per_month":
+            value = Decimal(str(value))
+        if name == "max_priority":
+            value = Priority(value).value if value in Priority.values else value
+        old = getattr(plan, name)
+        if old != value:
+            changes[name] = {"from": old, "to": value}
+            setattr(plan, name, value)
+    plan.full_clean()
+    return changes
 
 
 @transaction.atomic
-def quota_set(*, organization: Organization, actor: User | None, **fields: Any) -> Quota:
-    """Change some of an organization's limits (None: unlimited); an audit row lists what changed.
+def plan_create(*, actor: User | None, name: str, **fields: Any) -> Plan:
+    """A new plan (assigned to nobody yet). Called by ``POST plans/`` and ``manage.py plan create``."""
+    _check_staff(actor, "create plans")
+    if Plan.objects.filter(name=name).exists():
+        raise ValidationError({"name": f"A plan named {name!r} already exists."})
+    plan = Plan(name=name)
+    _plan_fields(plan, fields)
+    plan.save()
+    audit_record(organization=None, actor=actor, action="plan.created", target=plan.name,
+                 data={"plan_id": plan.pk, **{k: getattr(plan, k) for k in Plan.EDITABLE_FIELDS}})
+    return plan
 
-    ``fields`` are ``Quota.LIMIT_FIELDS``. Called by ``PATCH quota/``.
-    """
-    unknown = sorted(set(fields) - set(Quota.LIMIT_FIELDS))
-    if unknown:
-        raise ValidationError(dict.fromkeys(unknown, "Not a quota limit."))
-    quota, _ = Quota.objects.select_for_update().get_or_create(organization=organization)
-    changes = {}
-    for name, value in fields.items():
-        old = getattr(quota, name)
-        if value is not None and name == "device_hours_per_month":
-            value = Decimal(str(value))
-        if old != value:
-            changes[name] = {"from": old, "to": value}
-            setattr(quota, name, value)
+
+@transaction.atomic
+def plan_update(*, plan: Plan, actor: User | None, **fields: Any) -> Plan:
+    """Change a plan's limits, weight or allowed priority; every organization on it gets an audit
+    row naming the staff member, and the change reaches them after commit (``plan_changed``).
+    Called by ``PATCH plans/{id}/`` and ``manage.py plan set``."""
+    _check_staff(actor, "change plans")
+    plan = Plan.objects.select_for_update().get(pk=plan.pk)
+    changes = _plan_fields(plan, fields)
     if not changes:
-        return quota
-    quota.full_clean()
-    quota.save()
-    audit_record(organization=organization, actor=actor, action="quota.changed", target="quota", data=changes)
-    return quota
+        return plan
+    plan.save()
+    audit_record(organization=None, actor=actor, action="plan.changed", target=plan.name, data=changes)
+    organizations = list(plan.organizations.all())
+    for organization in organizations:
+        audit_record(organization=organization, actor=actor, action="plan.changed", target=plan.name, data=changes)
+    ids = [organization.pk for organization in organizations]
+    transaction.on_commit(lambda: signals.plan_changed.send(sender=Plan, organization_ids=ids))
+    return plan
+
+
+@transaction.atomic
+def plan_assign(*, organization: Organization, plan: Plan, actor: User | None) -> Organization:
+    """Put the organization on ``plan``; audited with the staff member, effective after commit.
+    Called by ``PUT organizations/{id}/plan/``, the admin and ``manage.py plan assign``."""
+    _check_staff(actor, "assign plans")
+    organization = _lock(organization)
+    old = organization.plan
+    if old.pk == plan.pk:
+        return organization
+    organization.plan = plan
+    organization.save(update_fields=["plan"])
+    audit_record(organization=organization, actor=actor, action="plan.assigned", target=plan.name,
+                 data={"from": old.name, "to": plan.name})
+    ids = [organization.pk]
+    transaction.on_commit(lambda: signals.plan_changed.send(sender=Plan, organization_ids=ids))
+    return organization

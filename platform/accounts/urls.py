@@ -22,6 +22,13 @@ urlpatterns = [
         views.MemberDetailView.as_view(),
         name="member-detail",
     ),
+    path(
+        "organizations/<int:organization_id>/plan/",
+        views.OrganizationPlanView.as_view(),
+        name="organization-plan",
+    ),
+    path("plans/", views.PlanListCreateView.as_view(), name="plans"),
+    path("plans/<int:plan_id>/", views.PlanDetailView.as_view(), name="plan-detail"),
     path("quota/", views.QuotaView.as_view(), name="quota"),
     path("audit/", views.AuditLogView.as_view(), name="audit"),
     path("ws-ticket/", views.WebsocketTicketView.as_view(), name="ws-ticket"),

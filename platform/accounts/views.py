@@ -21,8 +21,8 @@ from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from accounts import selectors, services
-from accounts.api import EmptySerializer, OrgAPIView, OrgGenericAPIView, role_map, switch_organization
-from accounts.models import ApiToken, Membership, Organization, Role
+from accounts.api import EmptySerializer, OrgAPIView, OrgGenericAPIView, StaffAPIView, role_map, switch_organization
+from accounts.models import ApiToken, Membership, Organization, Plan, Role
 from accounts.serializers import (
     AuditLogSerializer,
     MemberAddSerializer,
@@ -30,9 +30,12 @@ from accounts.serializers import (
     MemberSerializer,
     ObtainTokenSerializer,
     OrganizationCreateSerializer,
+    OrganizationPlanSerializer,
     OrganizationSerializer,
+    PlanAssignSerializer,
+    PlanInputSerializer,
+    PlanSerializer,
     QuotaSerializer,
-    QuotaUpdateSerializer,
     TokenCreatedSerializer,
     TokenCreateSerializer,
     TokenSerializer,
@@ -299,30 +302,101 @@ class MemberDetailView(OrgGenericAPIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-# --- quota and audit ----------------------------------------------------------------------------
+# --- plans (platform staff), quota and audit ---------------------------------------------------
+
+QUOTA_BY_PLATFORM = (
+    "Quotas, plans and scheduler weights are set by platform staff; ask them to change your "
+    "organization's plan ({plan})."
+)
 
 
 class QuotaView(OrgAPIView):
-    """``GET quota/``: the current organization's limits and use. ``PATCH``: change limits (admins)."""
+    """``GET quota/``: the current organization's plan (limits, weight, highest priority) and use.
+    ``PATCH`` answers 403 to every tenant role: the platform sets quotas (``PUT
+    organizations/{id}/plan/``, staff)."""
 
-    required_roles = role_map(GET=Role.VIEWER, PATCH=Role.ADMIN)
-
-    def _render(self, request: Request) -> Response:
-        organization = request.organization
-        quota = selectors.quota_of(organization=organization)
-        usage = selectors.quota_usage(organization=organization)
-        return Response(QuotaSerializer(quota, context={"usage": usage}).data)
+    required_roles = role_map(GET=Role.VIEWER, PATCH=Role.VIEWER)
 
     @extend_schema(summary="Show the quota", responses=QuotaSerializer)
     def get(self, request: Request) -> Response:
-        return self._render(request)
+        organization = request.organization
+        quota = selectors.quota_of(organization=organization)
+        usage = selectors.quota_usage(organization=organization)
+        return Response(QuotaSerializer(quota, context={"usage": usage, "organization": organization}).data)
 
-    @extend_schema(summary="Change the quota", request=QuotaUpdateSerializer, responses=QuotaSerializer)
+    @extend_schema(
+        summary="Change the quota (refused: staff assign plans)",
+        request=None,
+        responses={403: OpenApiResponse(description="Quotas are set by platform staff.")},
+    )
     def patch(self, request: Request) -> Response:
-        serializer = QuotaUpdateSerializer(data=request.data)
+        plan = selectors.quota_of(organization=request.organization)
+        raise exceptions.PermissionDenied(QUOTA_BY_PLATFORM.format(plan=plan.name))
+
+
+class PlanListCreateView(StaffAPIView):
+    """``GET plans/``: every plan with its organization count. ``POST``: a new plan. Staff only."""
+
+    serializer_class = PlanSerializer
+
+    def get_queryset(self) -> QuerySet[Plan]:
+        return selectors.plans()
+
+    @extend_schema(summary="List plans (staff)", responses=PlanSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(PlanSerializer(page, many=True).data)
+
+    @extend_schema(summary="Create a plan (staff)", request=PlanInputSerializer, responses={201: PlanSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = PlanInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        services.quota_set(organization=request.organization, actor=request.user, **serializer.validated_data)
-        return self._render(request)
+        plan = services.plan_create(actor=request.user, **serializer.validated_data)
+        return Response(PlanSerializer(get_object_or_404(selectors.plans(), pk=plan.pk)).data,
+                        status=status.HTTP_201_CREATED)
+
+
+class PlanDetailView(StaffAPIView):
+    """``GET plans/{id}/``: one plan. ``PATCH``: change its limits, weight or highest priority;
+    every organization on it sees the change at once (audited in each). Staff only."""
+
+    serializer_class = PlanSerializer
+
+    @extend_schema(summary="Show a plan (staff)")
+    def get(self, request: Request, plan_id: int) -> Response:
+        return Response(PlanSerializer(get_object_or_404(selectors.plans(), pk=plan_id)).data)
+
+    @extend_schema(summary="Change a plan (staff)", request=PlanInputSerializer, responses={200: PlanSerializer})
+    def patch(self, request: Request, plan_id: int) -> Response:
+        plan = get_object_or_404(selectors.plans(), pk=plan_id)
+        serializer = PlanInputSerializer(data=request.data, partial_update=True)
+        serializer.is_valid(raise_exception=True)
+        services.plan_update(plan=plan, actor=request.user, **serializer.validated_data)
+        return Response(PlanSerializer(get_object_or_404(selectors.plans(), pk=plan_id)).data)
+
+
+class OrganizationPlanView(StaffAPIView):
+    """``GET organizations/{id}/plan/``: the organization's plan. ``PUT``: put it on another plan
+    (``{"plan": "<name>"}``; audited with the staff member). Staff only: a tenant's owner reads
+    the plan through ``GET quota/`` and cannot change it."""
+
+    serializer_class = OrganizationPlanSerializer
+
+    def _organization(self, organization_id: int) -> Organization:
+        return get_object_or_404(Organization.objects.select_related("plan"), pk=organization_id)
+
+    @extend_schema(summary="Show an organization's plan (staff)")
+    def get(self, request: Request, organization_id: int) -> Response:
+        return Response(OrganizationPlanSerializer(self._organization(organization_id)).data)
+
+    @extend_schema(summary="Assign a plan (staff)", request=PlanAssignSerializer,
+                   responses={200: OrganizationPlanSerializer})
+    def put(self, request: Request, organization_id: int) -> Response:
+        organization = self._organization(organization_id)
+        serializer = PlanAssignSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        services.plan_assign(organization=organization, plan=serializer.validated_data["plan"], actor=request.user)
+        return Response(OrganizationPlanSerializer(self._organization(organization_id)).data)
 
 
 class AuditLogView(OrgGenericAPIView):

@@ -243,3 +243,12 @@ def cluster_summary(*, month: dt.date, now: dt.datetime | None = None) -> dict[s
             "redone_device_hours": redone, "idle_device_hours": max(0.0, capacity - used),
             "over_capacity": excess > 0,
             "over_capacity_device_hours": excess, "organizations": organizations}
+
+
+def budget_left_s(organization: Organization, now: dt.datetime | None = None) -> float | None:
+    """Device-seconds the organization may still use this month (None: its plan sets no budget):
+    what ``billing.tasks.push_tenant`` and a job's launch send to the engine."""
+    budget = organization.plan.device_hours_per_month
+    if budget is None:
+        return None
+    return (float(budget) - device_hours_in_month(organization=organization, when=now or timezone.now())) * 3600

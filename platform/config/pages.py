@@ -23,7 +23,7 @@ from django.views.generic import RedirectView
 
 from accounts import selectors as account_selectors
 from accounts.api import resolve_organization
-from accounts.models import Membership, Organization, Role
+from accounts.models import Membership, Organization, Priority, Role
 from engine.spec import ROLLOUT_BACKENDS, TRAINER_BACKENDS, GRPOConfig, default_rollout, default_trainer
 from jobs import selectors as job_selectors
 from jobs.models import DeploymentMode, JobState
@@ -84,9 +84,13 @@ def job_list(request: HttpRequest) -> HttpResponse:
 def job_new(request: HttpRequest) -> HttpResponse:
     """``/jobs/new/``: the submit form (posts the job as JSON to ``/api/v1/jobs/``); the GRPO
     fields start at the engine's defaults."""
+    organization, _ = _current(request)
+    plan = organization.plan if organization else None
     return _page(request, "pages/job_new.html", title="Submit a job", module="job_new.js",
                  grpo_defaults=dataclasses.asdict(GRPOConfig()),
                  deployment_modes=DeploymentMode.choices,
+                 # the priorities the organization's plan allows
+                 priorities=[(v, label) for v, label in Priority.choices if plan and plan.allows_priority(v)],
                  backends=[
                      {"name": "rollout", "label": "Rollout backend", "choices": list(ROLLOUT_BACKENDS),
                       "default": default_rollout()},

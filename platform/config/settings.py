@@ -57,6 +57,9 @@ def _env_bool(name: str, default: bool) -> bool:
 
 
 PLEXRL_HOME = plexrl_home()
+# The plan new organizations start on (accounts.models.Plan; platform staff manage plans with
+# `manage.py plan` or the admin). The migrations create "starter"; it must limit every quota.
+PLEXRL_DEFAULT_PLAN = os.environ.get("PLEXRL_DEFAULT_PLAN", "starter")
 
 SECRET_KEY = _mandatory_in_production(
     "DJANGO_SECRET_KEY",
@@ -249,6 +252,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # one schema name for a choice set used under several field names (a job's priority, a plan's max)
+    "ENUM_NAME_OVERRIDES": {"PriorityEnum": "accounts.models.Priority"},
 }
 
 # django.contrib.auth's login, logout and password change/reset pages live under /accounts/.

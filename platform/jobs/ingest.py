@@ -14,7 +14,7 @@ from django.utils import timezone
 from billing.models import UsageEntry
 from billing.services import usage_totals_refresh
 from engine.control import PROFILE_STEPS
-from jobs import broadcast
+from jobs import broadcast, signals
 from jobs.models import TERMINAL_STATES, Job, JobEvent, JobMetric, JobState
 
 
@@ -82,6 +82,8 @@ def ingest_events(*, job: Job, events: list[dict[str, Any]]) -> int:
             job.state = JobState.RUNNING
         job.event_cursor = max(e["seq"] for e in fresh)
         job.save()
+        if job.state in TERMINAL_STATES and before[0] not in TERMINAL_STATES:
+            signals.send_job_ended_on_commit(job.organization_id)  # its slot frees: a queued job may start
         _push_ingested(job, metrics=metrics, usage=usage, other=other, state_changed=_state_of(job) != before)
         return len(fresh)
 

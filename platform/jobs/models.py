@@ -9,6 +9,8 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from accounts.models import Priority
+
 
 class JobState(models.TextChoices):
     QUEUED = "queued"
@@ -49,6 +51,11 @@ class Job(models.Model):
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.QUEUED, db_index=True)
     state_reason = models.TextField(blank=True)
     paused_by_quota = models.BooleanField(default=False, help_text="Paused because the budget ran out.")
+    priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL,
+                                help_text="Its priority within the organization's share, up to what the plan allows.")
+    waiting_for_slot = models.BooleanField(
+        default=False, help_text="Held queued by the plan's concurrent-job limit: not sent to the engine yet; "
+                                 "it starts, in submission order, when a slot frees.")
     event_cursor = models.BigIntegerField(default=0, help_text="Last event seq ingested from the engine.")
     events_complete = models.BooleanField(default=False, help_text="The engine is done with it and every event "
                                                                    "of its log is ingested.")

@@ -37,8 +37,14 @@ def job_row(*, organization: Organization, pk: int) -> Job:
 
 
 def active_jobs_count(*, organization: Organization) -> int:
-    """How many of the organization's jobs count against ``max_concurrent_jobs``."""
-    return Job.objects.filter(organization=organization, state__in=ACTIVE_STATES).count()
+    """How many of the organization's jobs hold a slot against ``max_concurrent_jobs``: sent to the
+    engine and not ended (paused ones included: they keep their place)."""
+    return Job.objects.filter(organization=organization, state__in=ACTIVE_STATES, waiting_for_slot=False).count()
+
+
+def jobs_waiting_for_slot_count(*, organization: Organization) -> int:
+    """How many of the organization's jobs wait queued for a slot (the concurrent-job limit)."""
+    return Job.objects.filter(organization=organization, state__in=ACTIVE_STATES, waiting_for_slot=True).count()
 
 
 def metrics_of(*, job: Job, after_seq: int = 0) -> QuerySet[JobMetric]:

@@ -9,6 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from accounts.api import ModelSerializer, StrictFieldsMixin
+from accounts.models import Priority
 from billing.selectors import job_savings
 from billing.serializers import SavingsFiguresSerializer
 from jobs.models import DeploymentMode, Job, JobEvent, JobMetric, JobState
@@ -37,6 +38,9 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     rollout_devices = _devices_field()
     train_devices = _devices_field()
     deployment_mode = serializers.ChoiceField(choices=DeploymentMode.choices, default=DeploymentMode.ASYNC_SPLIT)
+    priority = serializers.ChoiceField(
+        choices=Priority.choices, default=Priority.NORMAL,
+        help_text="Its priority within the organization's share of the devices, up to the plan's max_priority.")
 
 
 class JobCancelSerializer(StrictFieldsMixin, serializers.Serializer):
@@ -107,6 +111,8 @@ class JobSerializer(ModelSerializer):
             "rollout_devices",
             "train_devices",
             "deployment_mode",
+            "priority",
+            "waiting_for_slot",
             "created_by",
             "created_at",
             "started_at",

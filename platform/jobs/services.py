@@ -1,6 +1,7 @@
-"""Writes on jobs: create (validated by the engine's JobSpec, quota-checked), cancel, pause and
-resume (the ingestion of a job's event log is ``jobs.ingest``). Each runs in one transaction; its audit row goes in the
-same transaction, its Celery send and its live pushes to the dashboard's websockets
+"""Writes on jobs: create (validated by the engine's JobSpec, checked against the organization's
+plan; past its concurrent-job limit held queued, ``jobs.slots``), cancel, pause and resume (the
+ingestion of a job's event log is ``jobs.ingest``). Each runs in one transaction; its audit row
+goes in the same transaction, its Celery send and its live pushes to the dashboard's websockets
 (``jobs.broadcast``) after commit (a rolled-back write launches and pushes nothing)."""
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from accounts.models import Organization, Quota, User
+from accounts.models import Organization, Plan, Priority, User
 from accounts.services import audit_record
 from billing.selectors import device_hours_in_month, estimate_figures
 from engine.errors import SpecError
 from engine.spec import JobSpec
-from jobs import broadcast
+from jobs import broadcast, signals, slots
 from jobs.catalog import resolve_model
 from jobs.datasets import resolve_dataset
 from jobs.ingest import job_locked, job_set_state
-from jobs.models import ACTIVE_STATES, TERMINAL_STATES, DeploymentMode, Job, JobState
+from jobs.models import TERMINAL_STATES, DeploymentMode, Job, JobState
 
 MAX_DEVICES_DECLARED = 4096
 
@@ -50,23 +51,19 @@ def parse_spec(spec: Any) -> JobSpec:
         raise ValidationError({"spec": str(exc).replace("__init__() ", "")}) from None
 
 
-def _check_quota(*, organization: Organization, devices: int) -> None:
-    quota = Quota.objects.filter(organization=organization).first()
-    if quota is None:
-        return
-    if quota.max_devices_per_job is not None and devices > quota.max_devices_per_job:
+def _check_quota(*, organization: Organization, plan: Plan, devices: int, priority: str) -> None:
+    """Refuse what the plan does not allow at all (the concurrent-job limit only holds a job)."""
+    if plan.max_devices_per_job is not None and devices > plan.max_devices_per_job:
         raise QuotaExceeded("max_devices_per_job",
-                            f"the job reserves {devices} devices; the limit is {quota.max_devices_per_job}")
-    if quota.max_concurrent_jobs is not None:
-        active = Job.objects.filter(organization=organization, state__in=ACTIVE_STATES).count()
-        if active >= quota.max_concurrent_jobs:
-            raise QuotaExceeded("max_concurrent_jobs",
-                                f"{active} jobs are active; the limit is {quota.max_concurrent_jobs}")
-    if quota.device_hours_per_month is not None:
+                            f"the job reserves {devices} devices; plan {plan.name} allows {plan.max_devices_per_job}")
+    if not plan.allows_priority(priority):
+        raise QuotaExceeded("max_priority",
+                            f"priority {priority} is above what plan {plan.name} allows ({plan.max_priority})")
+    if plan.device_hours_per_month is not None:
         used = device_hours_in_month(organization=organization, when=timezone.now())
-        if used >= float(quota.device_hours_per_month):
+        if used >= float(plan.device_hours_per_month):
             raise QuotaExceeded("device_hours_per_month",
-                                f"{used:.2f} of {quota.device_hours_per_month} device-hours used this month")
+                                f"{used:.2f} of {plan.device_hours_per_month} device-hours used this month")
 
 
 def _validated(*, organization: Organization, spec: dict, rollout_devices: int, train_devices: int,
@@ -99,23 +96,35 @@ def job_estimate(*, organization: Organization, spec: dict, rollout_devices: int
 
 def job_create(*, organization: Organization, user: User | None, spec: dict, name: str = "",
                rollout_devices: int = 1, train_devices: int = 1,
-               deployment_mode: str = DeploymentMode.ASYNC_SPLIT) -> Job:
+               deployment_mode: str = DeploymentMode.ASYNC_SPLIT, priority: str = Priority.NORMAL) -> Job:
+    """Store a job and send it to the engine after commit, or, past the plan's concurrent-job
+    limit, store it queued with the reason (``jobs.slots``). Refuses (``QuotaExceeded``) what the
+    plan does not allow: more devices, a higher priority, a spent device-hour budget."""
     parsed = _validated(organization=organization, spec=spec, rollout_devices=rollout_devices,
                            train_devices=train_devices, deployment_mode=deployment_mode)
+    if priority not in Priority.values:
+        raise ValidationError({"priority": f"must be one of {', '.join(Priority.values)}"})
     estimate = estimate_figures(spec=parsed, reserved_devices=rollout_devices + train_devices,
                                 deployment_mode=deployment_mode)
     from jobs import tasks
 
     with transaction.atomic():
-        Organization.objects.select_for_update().get(pk=organization.pk)  # one quota check at a time
-        _check_quota(organization=organization, devices=rollout_devices + train_devices)
+        # one quota check and slot count at a time
+        organization = Organization.objects.select_for_update().select_related("plan").get(pk=organization.pk)
+        plan = organization.plan
+        _check_quota(organization=organization, plan=plan, devices=rollout_devices + train_devices,
+                     priority=priority)
+        waits = slots.must_wait(organization=organization, plan=plan)
         job = Job.objects.create(organization=organization, created_by=user, name=name[:200],
                                  spec=parsed.to_dict(), rollout_devices=rollout_devices,
                                  train_devices=train_devices, deployment_mode=deployment_mode,
-                                 estimate=estimate)
+                                 estimate=estimate, priority=priority, waiting_for_slot=waits,
+                                 state_reason=slots.waiting_reason(plan) if waits else "")
         audit_record(organization=organization, actor=user, action="job.created", target=job.engine_id,
-                     data={"name": job.name, "task": parsed.task, "steps": parsed.steps})
-        transaction.on_commit(lambda: tasks.launch_job.delay(job.pk))
+                     data={"name": job.name, "task": parsed.task, "steps": parsed.steps, "priority": priority,
+                           "waiting_for_slot": waits})
+        if not waits:
+            transaction.on_commit(lambda: tasks.launch_job.delay(job.pk))
     return job
 
 
@@ -130,7 +139,9 @@ def job_cancel(*, job: Job, actor: User | None, reason: str = "") -> Job:
         job.save()
         audit_record(organization=job.organization, actor=actor, action="job.cancelled", target=job.engine_id,
                      data={"reason": job.state_reason})
-        transaction.on_commit(lambda: tasks.cancel_job.delay(job.pk, job.state_reason))
+        if not job.waiting_for_slot:  # one never sent has nothing to stop in the engine
+            transaction.on_commit(lambda: tasks.cancel_job.delay(job.pk, job.state_reason))
+        signals.send_job_ended_on_commit(job.organization_id)  # its slot, or its place in the queue, frees
         broadcast.send_on_commit(broadcast.job_group(job.pk), [broadcast.job_message(job)])
     return job
 
@@ -147,7 +158,10 @@ def job_pause(*, job: Job, actor: User | None, by_quota: bool = False) -> Job:
         job.save()
         audit_record(organization=job.organization, actor=actor, action="job.paused", target=job.engine_id,
                      data={"by_quota": by_quota})
-        transaction.on_commit(lambda: tasks.pause_job.delay(job.pk))
+        if job.waiting_for_slot:  # never sent: it keeps its place in the queue, skipped while paused
+            slots.release_on_commit(job.organization_id, tasks.launch_job.delay)  # one behind it may go first
+        else:
+            transaction.on_commit(lambda: tasks.pause_job.delay(job.pk))
         broadcast.send_on_commit(broadcast.job_group(job.pk), [broadcast.job_message(job)])
     return job
 
@@ -159,10 +173,15 @@ def job_resume(*, job: Job, actor: User | None) -> Job:
         job = job_locked(job)
         if job.state != JobState.PAUSED:
             raise InvalidTransition(f"the job is {job.state}; only a paused job can be resumed")
-        job_set_state(job, JobState.RUNNING if job.started_at else JobState.QUEUED, "")
+        waiting = slots.waiting_reason(job.organization.plan) if job.waiting_for_slot else ""
+        job_set_state(job, JobState.RUNNING if job.started_at else JobState.QUEUED, waiting)
         job.paused_by_quota = False
         job.save()
         audit_record(organization=job.organization, actor=actor, action="job.resumed", target=job.engine_id)
-        transaction.on_commit(lambda: tasks.resume_job.delay(job.pk))
+        if job.waiting_for_slot:  # back in the queue, at its place: it may start now
+            slots.release_on_commit(job.organization_id, tasks.launch_job.delay)
+        else:
+            transaction.on_commit(lambda: tasks.resume_job.delay(job.pk))
         broadcast.send_on_commit(broadcast.job_group(job.pk), [broadcast.job_message(job)])
     return job
+

@@ -18,8 +18,9 @@ from datetime import timedelta
 from celery import shared_task
 from django.utils import timezone
 
+from billing.selectors import budget_left_s
 from engine.errors import EngineError, UnknownJob
-from jobs import ingest
+from jobs import ingest, slots
 from jobs.engine import engine, tenant_of
 from jobs.models import TERMINAL_STATES, Job, JobState
 
@@ -33,11 +34,15 @@ logger = logging.getLogger(__name__)
 
 @shared_task
 def launch_job(job_id: int) -> None:
-    job = Job.objects.get(pk=job_id)
-    if job.state == JobState.CANCELLED:
+    job = Job.objects.select_related("organization__plan").get(pk=job_id)
+    if job.state == JobState.CANCELLED or job.waiting_for_slot:  # a queued job goes when a slot frees
         return
+    plan = job.organization.plan
     try:
-        engine().submit_job(job.engine_id, job.spec, tenant=tenant_of(job.organization_id))
+        # its organization's weight and budget first: the scheduler orders its calls by them
+        engine().set_tenant(tenant_of(job.organization_id), weight=plan.weight,
+                            device_seconds=budget_left_s(job.organization))
+        engine().submit_job(job.engine_id, job.spec, tenant=tenant_of(job.organization_id), priority=job.priority)
     except (EngineError, ValueError) as exc:  # the spec no longer validates (a model was removed, ...)
         Job.objects.filter(pk=job.pk).update(state=JobState.FAILED, state_reason=f"launch refused: {exc}")
         return
@@ -75,7 +80,8 @@ def pull_events(job_id: int) -> int:
         try:
             batch = engine().events(job.engine_id, job.event_cursor, PULL_BATCH)
         except UnknownJob:  # not launched yet, or its launch was lost
-            if job.state in (JobState.QUEUED, JobState.PAUSED) and timezone.now() - job.created_at > RELAUNCH_AFTER:
+            if (job.state in (JobState.QUEUED, JobState.PAUSED) and not job.waiting_for_slot
+                    and timezone.now() - job.created_at > RELAUNCH_AFTER):
                 logger.warning("job %s is unknown to the engine %s after its creation: launching it again",
                                job.pk, RELAUNCH_AFTER)
                 launch_job(job_id)
@@ -91,6 +97,24 @@ def pull_events(job_id: int) -> int:
 
 @shared_task
 def pull_all_events() -> int:
-    """Every job whose log may still have events to read (the beat runs this every few seconds)."""
-    return sum(pull_events(job_id) for job_id in
-               Job.objects.filter(events_complete=False).values_list("pk", flat=True))
+    """Every job whose log may still have events to read (the beat runs this every few seconds);
+    then the organizations with jobs waiting for a slot get theirs released, should one have
+    freed without its release (a worker lost between a job's end and the release)."""
+    pulled = sum(pull_events(job_id) for job_id in
+                 Job.objects.filter(events_complete=False, waiting_for_slot=False).values_list("pk", flat=True))
+    waiting = Job.objects.filter(state=JobState.QUEUED, waiting_for_slot=True)
+    for organization_id in waiting.order_by().values_list("organization_id", flat=True).distinct():
+        slots.release(organization_id, launch_job.delay)
+    return pulled
+
+
+def on_job_ended(*, organization_id: int, **_: object) -> None:
+    """``jobs.signals.job_ended`` (after commit): the next job waiting for a slot may start."""
+    slots.release(organization_id, launch_job.delay)
+
+
+def on_plan_changed(*, organization_ids: list[int], **_: object) -> None:
+    """``accounts.signals.plan_changed`` (after commit): the queued jobs a raised concurrency limit
+    lets through start (the billing app pushes the new weight and budget)."""
+    for organization_id in organization_ids:
+        slots.release(organization_id, launch_job.delay)

@@ -100,7 +100,7 @@ class JobEstimateView(OrgGenericAPIView):
     def post(self, request: Request) -> Response:
         serializer = JobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        body = {k: v for k, v in serializer.validated_data.items() if k != "name"}
+        body = {k: v for k, v in serializer.validated_data.items() if k not in ("name", "priority")}
         return Response(EstimateSerializer(services.job_estimate(organization=request.organization, **body)).data)
 
 

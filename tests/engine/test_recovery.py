@@ -187,3 +187,26 @@ def test_a_job_whose_driver_keeps_dying_ends_failed_with_its_reason(engine):
     assert reason.startswith("engine fault, not recovered after 2 restarts: ")
     assert "ActorDiedError" in reason
     assert len(recoveries(events)) == 2
+
+
+def test_a_restarted_scheduler_has_the_tenants_weights_budgets_and_priorities_back(engine):
+    """The scheduler keeps them in memory: killed, its replacement gets them from the controller
+    before its first call, each budget less the usage since it was pushed (from the job's log)."""
+    engine.submit_job("rec-tenant", SPEC, tenant="acme", priority="high")
+    wait_for_step(engine, "rec-tenant", 1)
+    pushed_at = time.time()  # the scheduler's clock is the wall clock's, to a few milliseconds
+    engine.set_tenant("acme", weight=3.0, device_seconds=500.0)
+    wait_for_step(engine, "rec-tenant", 2)
+    engine.pause("rec-tenant")  # nothing of it runs on the new scheduler: its budget stays put
+    ray.kill(ray.get_actor("plexrl-scheduler"), no_restart=True)
+    events = wait_for(engine, "rec-tenant", lambda events: bool(recoveries(events)))  # healed, driver replaced
+    scheduler = ray.get_actor("plexrl-scheduler")
+    assert ray.get(scheduler.tenant.remote("acme"))["weight"] == 3.0
+    assert ray.get(scheduler.priority.remote("rec-tenant")) == 2.0
+    usage = [e["data"] for e in events if e["kind"] == "usage" and e["data"]["end"] > pushed_at]
+    used = sum(u["devices"] * (u["end"] - u["start"]) for u in usage)
+    one_call = max(u["devices"] * (u["end"] - u["start"]) for u in usage)
+    assert used > 0
+    assert ray.get(scheduler.tenant.remote("acme"))["budget"] == pytest.approx(500.0 - used, abs=one_call)
+    assert engine.set_budget("acme", None) == pytest.approx(500.0 - used, abs=one_call)
+    engine.cancel("rec-tenant")

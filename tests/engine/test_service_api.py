@@ -148,6 +148,10 @@ def test_bad_input_names_the_field_and_creates_nothing(engine, plexrl_home):
         engine.submit_job("svc-bad", SPEC.to_dict() | {"steps": 0})
     with pytest.raises(ValueError, match="job id"):
         engine.submit_job("../escape", SPEC)
+    with pytest.raises(ValueError, match="unknown job priority 'urgent'; known: low, normal, high"):
+        engine.submit_job("svc-bad", SPEC, priority="urgent")
+    with pytest.raises(ValueError, match="weight"):
+        engine.set_tenant("svc-bad", weight=0.0, device_seconds=None)
     assert not events_path(plexrl_home, "svc-bad").exists()
     with pytest.raises(UnknownJob):
         engine.events("svc-never", 0)

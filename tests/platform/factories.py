@@ -1,14 +1,17 @@
 """factory_boy factories for the platform tests.
 
 ``MembershipFactory(role=Role.ADMIN)`` makes a user and an organization around the membership;
-pass ``organization=`` to put several people in one tenant. Tokens come from
+pass ``organization=`` to put several people in one tenant. Factory organizations are on the
+``unlimited`` plan (no limit, weight 1), so tests of other things never run into a quota; tests of
+quotas give them a plan (``PlanFactory``, ``services.plan_assign``), and organizations made through
+the services start on the default plan as they do in production. Tokens come from
 ``services.token_create`` (see the ``bearer`` fixture), which is what hands out plaintexts.
 """
 
 import factory
 from factory.django import DjangoModelFactory
 
-from accounts.models import AuditLog, Membership, Organization, Quota, Role, User
+from accounts.models import AuditLog, Membership, Organization, Plan, Role, User
 
 PASSWORD = "correct horse battery staple"
 
@@ -23,20 +26,25 @@ class UserFactory(DjangoModelFactory):
     password = factory.django.Password(PASSWORD)
 
 
+class PlanFactory(DjangoModelFactory):
+    """A plan; no limit unless given (``PlanFactory(max_concurrent_jobs=1)``)."""
+
+    class Meta:
+        model = Plan
+        django_get_or_create = ("name",)
+
+    name = factory.Sequence(lambda n: f"plan-{n}")
+    weight = 1.0
+
+
 class OrganizationFactory(DjangoModelFactory):
     class Meta:
         model = Organization
         django_get_or_create = ("slug",)
-        skip_postgeneration_save = True
 
     name = factory.Sequence(lambda n: f"Organization {n}")
     slug = factory.LazyAttribute(lambda org: org.name.lower().replace(" ", "-"))
-
-    @factory.post_generation
-    def quota(self, create, extracted, **kwargs):
-        """Every organization has a quota (``services.organization_create`` makes it): unlimited."""
-        if create:
-            Quota.objects.get_or_create(organization=self, defaults=kwargs)
+    plan = factory.SubFactory(PlanFactory, name="unlimited", max_priority="high")
 
 
 class MembershipFactory(DjangoModelFactory):

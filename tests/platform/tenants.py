@@ -4,8 +4,8 @@ The ``tenant`` and ``other_tenant`` fixtures (conftest) are acme and globex."""
 
 from dataclasses import dataclass
 
-from accounts.models import Organization, Role, User
-from tests.platform.factories import MembershipFactory, OrganizationFactory
+from accounts.models import Organization, Plan, Role, User
+from tests.platform.factories import MembershipFactory, OrganizationFactory, PlanFactory
 
 
 @dataclass
@@ -29,3 +29,12 @@ def make_tenant(name: str) -> Tenant:
         for role in (Role.OWNER, Role.ADMIN, Role.MEMBER, Role.VIEWER)
     }
     return Tenant(organization=organization, **users)
+
+
+def give_plan(organization: Organization, **limits) -> Plan:
+    """Put ``organization`` on a plan of its own with ``limits`` (unlimited otherwise), as staff
+    would; change its limits later with ``Plan.objects.filter(pk=plan.pk).update(...)``."""
+    plan = PlanFactory(name=f"{organization.slug}-plan", **limits)
+    Organization.objects.filter(pk=organization.pk).update(plan=plan)
+    organization.plan = plan
+    return plan

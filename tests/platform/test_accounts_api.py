@@ -7,8 +7,8 @@ malformed input answers 400 field by field and changes nothing.
 import pytest
 
 from accounts import services
-from accounts.models import ApiToken, AuditLog, Membership, Organization, Quota, Role
-from tests.platform.factories import MembershipFactory, UserFactory
+from accounts.models import ApiToken, AuditLog, Membership, Organization, Plan, Role
+from tests.platform.factories import MembershipFactory, PlanFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -153,7 +153,7 @@ def test_staff_create_organizations(tenant, session_client):
     assert (body["name"], body["slug"], body["role"]) == ("Initech", "initech", None)
     organization = Organization.objects.get(slug="initech")
     assert Membership.objects.get(organization=organization).user == tenant.viewer
-    assert Quota.objects.filter(organization=organization).exists()
+    assert organization.plan.name == "starter"  # the default plan, never an unlimited one
     assert audit_actions(organization) == ["organization.created"]
 
 
@@ -306,62 +306,45 @@ def test_removing_a_member_revokes_their_tokens(tenant, token_client):
     assert AuditLog.objects.get(action="member.removed").data["tokens_revoked"] == 1
 
 
-# --- quota --------------------------------------------------------------------------------------
+# --- quota: the organization's plan, read by tenants, set by staff only -----------------------
 
 
-def test_quota_is_readable_by_viewers_and_shows_only_this_tenant(tenant, other_tenant, token_client):
-    services.quota_set(organization=other_tenant.organization, actor=None, max_devices_per_job=64)
-    services.quota_set(organization=tenant.organization, actor=None, max_devices_per_job=8)
+def test_quota_shows_the_plan_to_viewers_and_only_this_tenant(tenant, other_tenant, token_client):
+    services.plan_assign(organization=other_tenant.organization, actor=None,
+                         plan=PlanFactory(name="big", max_devices_per_job=64))
+    services.plan_assign(organization=tenant.organization, actor=None,
+                         plan=PlanFactory(name="small", max_devices_per_job=8, weight=2.5, max_priority="high"))
     response = token_client(tenant.viewer, tenant.organization).get(QUOTA)
     assert response.status_code == 200
     body = response.json()
-    assert body["organization"] == tenant.organization.pk
+    assert (body["organization"], body["plan"], body["weight"], body["max_priority"]) == (
+        tenant.organization.pk, "small", 2.5, "high")
     assert (body["max_devices_per_job"], body["device_hours_per_month"], body["max_concurrent_jobs"]) == (8, None, None)
-    assert body["usage"] == {"device_hours_this_month": 0.0, "over_budget_device_hours": None, "concurrent_jobs": 0}
+    assert body["usage"] == {"device_hours_this_month": 0.0, "over_budget_device_hours": None, "concurrent_jobs": 0,
+                             "queued_jobs": 0}
 
 
-def test_admins_set_the_quota(tenant, token_client):
-    client = token_client(tenant.admin, tenant.organization)
-    response = client.patch(QUOTA, {"device_hours_per_month": 120.5, "max_concurrent_jobs": 4}, format="json")
-    assert response.status_code == 200
-    body = response.json()
-    limits = (body["device_hours_per_month"], body["max_concurrent_jobs"], body["max_devices_per_job"])
-    assert limits == (120.5, 4, None)
-    row = AuditLog.objects.get(action="quota.changed")
-    assert row.actor == tenant.admin
-    assert row.data["max_concurrent_jobs"] == {"from": None, "to": 4}
-    back = client.patch(QUOTA, {"max_concurrent_jobs": None}, format="json")
-    assert back.json()["max_concurrent_jobs"] is None
-
-
-@pytest.mark.parametrize("role", ["viewer", "member"])
-def test_viewers_and_members_cannot_set_the_quota(tenant, token_client, role):
-    response = token_client(tenant.user(role), tenant.organization).patch(QUOTA, {"max_concurrent_jobs": 9})
-    assert response.status_code == 403
-    assert Quota.objects.get(organization=tenant.organization).max_concurrent_jobs is None
-
-
-@pytest.mark.parametrize(
-    ("payload", "fields"),
-    [
-        ({"max_concurrent_jobs": -1}, {"max_concurrent_jobs"}),
-        ({"device_hours_per_month": -10}, {"device_hours_per_month"}),
-        ({"max_devices_per_job": "many"}, {"max_devices_per_job"}),
-        ({"device_hours_per_month": "1e400"}, {"device_hours_per_month"}),
-        ({"max_concurrent_jobs": 1, "max_jobs": 2}, {"max_jobs"}),
-        ({"max_concurrent_jobs": -1, "max_devices_per_job": -2}, {"max_concurrent_jobs", "max_devices_per_job"}),
-    ],
-    ids=["negative-int", "negative-hours", "wrong-type", "huge", "extra", "two-errors"],
-)
-def test_quota_rejects_malformed_input(tenant, token_client, payload, fields):
-    client = token_client(tenant.owner, tenant.organization)
-    before = AuditLog.objects.count()
-    response = client.patch(QUOTA, payload, format="json")
-    assert response.status_code == 400
-    assert set(response.json()) == fields
-    quota = Quota.objects.get(organization=tenant.organization)
-    assert (quota.device_hours_per_month, quota.max_concurrent_jobs, quota.max_devices_per_job) == (None, None, None)
-    assert AuditLog.objects.count() == before
+@pytest.mark.parametrize("role", ["owner", "admin", "member", "viewer"])
+def test_no_tenant_role_changes_its_quota_plan_or_weight(tenant, token_client, role):
+    plan = PlanFactory(name="small", max_concurrent_jobs=1, device_hours_per_month=5, weight=1.0)
+    services.plan_assign(organization=tenant.organization, actor=None, plan=plan)
+    PlanFactory(name="big")
+    client = token_client(tenant.user(role), tenant.organization)
+    before = list(AuditLog.objects.values_list("pk", flat=True))
+    attempts = [
+        client.patch(QUOTA, {"max_concurrent_jobs": 9, "device_hours_per_month": None}, format="json"),
+        client.patch(f"/api/v1/plans/{plan.pk}/", {"weight": 50, "max_concurrent_jobs": None}, format="json"),
+        client.put(f"/api/v1/organizations/{tenant.organization.pk}/plan/", {"plan": "big"}, format="json"),
+        client.post("/api/v1/plans/", {"name": "mine", "weight": 100}, format="json"),
+    ]
+    assert [a.status_code for a in attempts] == [403, 403, 403, 403]
+    assert "set by platform staff" in attempts[0].json()["detail"]
+    plan.refresh_from_db()
+    tenant.organization.refresh_from_db()
+    assert (tenant.organization.plan.name, plan.max_concurrent_jobs, plan.device_hours_per_month, plan.weight) == (
+        "small", 1, 5, 1.0)
+    assert not Plan.objects.filter(name="mine").exists()
+    assert list(AuditLog.objects.exclude(action="token.created").exclude(pk__in=before)) == []
 
 
 # --- audit --------------------------------------------------------------------------------------
@@ -372,16 +355,20 @@ def test_audit_log_is_for_owners_and_admins(tenant, token_client, role, status):
     assert token_client(tenant.user(role), tenant.organization).get(AUDIT).status_code == status
 
 
-def test_audit_log_is_newest_first_and_only_this_tenant(tenant, other_tenant, token_client):
-    services.quota_set(organization=other_tenant.organization, actor=other_tenant.owner, max_concurrent_jobs=1)
+def test_audit_log_is_newest_first_and_only_this_tenant(tenant, other_tenant, token_client, session_client):
+    staff = UserFactory(username="ops", is_staff=True)
+    services.plan_assign(organization=other_tenant.organization, actor=staff, plan=PlanFactory(name="other"))
     client = token_client(tenant.admin, tenant.organization)  # writes token.created
-    client.patch(QUOTA, {"max_concurrent_jobs": 2}, format="json")
+    PlanFactory(name="pro")
+    response = session_client(staff).put(f"/api/v1/organizations/{tenant.organization.pk}/plan/", {"plan": "pro"},
+                                         format="json")
+    assert response.status_code == 200, response.json()
     rows = client.get(AUDIT).json()["results"]
     assert [(r["action"], r["actor"]) for r in rows] == [
-        ("quota.changed", "acme-admin"),
+        ("plan.assigned", "ops"),
         ("token.created", "acme-admin"),
     ]
-    assert rows[0]["data"] == {"max_concurrent_jobs": {"from": None, "to": 2}}
+    assert rows[0]["data"] == {"from": "unlimited", "to": "pro"}
 
 
 def test_lists_are_paginated_50_a_page_up_to_200(tenant, token_client):

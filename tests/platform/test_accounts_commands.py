@@ -37,6 +37,7 @@ def test_create_organization_creates_the_owner_when_absent():
         f"Created organization Hooli Labs (id {organization.pk}, slug hooli-labs) owned by gavin (new user).\n"
     )
     assert Membership.objects.get(organization=organization).role == Role.OWNER
+    assert organization.plan.name == "starter"  # the default plan
     assert authenticate(username="gavin", password="a-long-enough-passphrase") == User.objects.get(username="gavin")
 
 

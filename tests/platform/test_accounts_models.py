@@ -28,8 +28,9 @@ def test_every_model_has_a_readable_string(tenant):
     assert str(tenant.organization) == "Acme"
     assert str(tenant.organization.memberships.get(user=tenant.viewer)) == "acme-viewer in Acme (viewer)"
     assert str(token) == f"ci ({token.prefix}…) of acme-member in Acme"
-    assert str(tenant.organization.quota) == (
-        "Quota of Acme: device_hours_per_month=unlimited, max_concurrent_jobs=unlimited, max_devices_per_job=unlimited"
+    assert str(tenant.organization.plan) == (
+        "Plan unlimited: device_hours_per_month=unlimited, max_concurrent_jobs=unlimited, "
+        "max_devices_per_job=unlimited, weight=1, max_priority=high"
     )
     assert str(AuditLog.objects.get()).endswith(f"Acme: token.created {token.prefix}")
     assert str(tenant.viewer) == "acme-viewer"

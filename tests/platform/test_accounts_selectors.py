@@ -4,7 +4,7 @@ import pytest
 
 from accounts import selectors, services
 from accounts.models import AuditLog, Role
-from tests.platform.factories import AuditLogFactory, MembershipFactory
+from tests.platform.factories import AuditLogFactory, MembershipFactory, PlanFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -35,11 +35,12 @@ def test_audit_of_is_newest_first_and_excludes_other_tenants(tenant, other_tenan
 
 
 def test_quota_of_and_usage_stay_in_their_organization(tenant, other_tenant):
-    services.quota_set(organization=other_tenant.organization, actor=None, max_concurrent_jobs=1)
+    services.plan_assign(organization=other_tenant.organization, actor=None,
+                         plan=PlanFactory(name="one-job", max_concurrent_jobs=1))
     assert selectors.quota_of(organization=tenant.organization).max_concurrent_jobs is None
     assert selectors.quota_of(organization=other_tenant.organization).max_concurrent_jobs == 1
     usage = selectors.quota_usage(organization=tenant.organization)
-    assert set(usage) == {"device_hours_this_month", "over_budget_device_hours", "concurrent_jobs"}
+    assert set(usage) == {"device_hours_this_month", "over_budget_device_hours", "concurrent_jobs", "queued_jobs"}
 
 
 def test_organizations_of_lists_the_users_organizations_with_roles(tenant, other_tenant):

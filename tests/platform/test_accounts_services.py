@@ -1,4 +1,4 @@
-"""Services of the accounts app: the rules about owners, tokens and quotas, and their audit rows."""
+"""Services of the accounts app: the rules about owners, tokens and plans, and their audit rows."""
 
 from datetime import timedelta
 from decimal import Decimal
@@ -8,8 +8,8 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.utils import timezone
 
 from accounts import services
-from accounts.models import ApiToken, AuditLog, Membership, Organization, Quota, Role, token_digest
-from tests.platform.factories import UserFactory
+from accounts.models import ApiToken, AuditLog, Membership, Organization, Plan, Role, token_digest
+from tests.platform.factories import PlanFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -21,14 +21,14 @@ def actions(organization) -> list[str]:
 # --- organizations ------------------------------------------------------------------------------
 
 
-def test_organization_create_makes_owner_quota_and_audit_row():
+def test_organization_create_makes_owner_plan_and_audit_row():
     staff, owner = UserFactory(is_staff=True), UserFactory()
     organization = services.organization_create(name="  Initech ", owner=owner, actor=staff)
     assert (organization.name, organization.slug) == ("Initech", "initech")
     assert Membership.objects.get(organization=organization).user == owner
     assert Membership.objects.get(organization=organization).role == Role.OWNER
-    quota = Quota.objects.get(organization=organization)
-    assert (quota.device_hours_per_month, quota.max_concurrent_jobs, quota.max_devices_per_job) == (None, None, None)
+    assert organization.plan.name == "starter"  # the default plan: every limit set
+    assert not organization.plan.is_unlimited
     row = AuditLog.objects.get(organization=organization)
     assert (row.action, row.actor, row.data["owner"]) == ("organization.created", staff, owner.username)
 
@@ -173,30 +173,66 @@ def test_token_revoke_by_owner_of_token_or_admin_only(tenant):
     assert actions(tenant.organization).count("token.revoked") == 1
 
 
-# --- quotas -------------------------------------------------------------------------------------
+# --- plans --------------------------------------------------------------------------------------
 
 
-def test_quota_set_records_what_changed(tenant):
-    org = tenant.organization
-    quota = services.quota_set(organization=org, actor=tenant.admin, device_hours_per_month=12.5, max_concurrent_jobs=3)
-    assert (quota.device_hours_per_month, quota.max_concurrent_jobs) == (Decimal("12.5"), 3)
-    row = AuditLog.objects.get(action="quota.changed")
-    assert row.data == {
+def test_plan_update_records_what_changed_in_each_organization_on_it(tenant, other_tenant):
+    staff = UserFactory(username="ops", is_staff=True)
+    plan = PlanFactory(name="team")
+    for org in (tenant.organization, other_tenant.organization):
+        services.plan_assign(organization=org, actor=staff, plan=plan)
+    services.plan_update(plan=plan, actor=staff, device_hours_per_month=12.5, max_concurrent_jobs=3, weight=2)
+    plan.refresh_from_db()
+    assert (plan.device_hours_per_month, plan.max_concurrent_jobs, plan.weight) == (Decimal("12.5"), 3, 2.0)
+    rows = AuditLog.objects.filter(action="plan.changed").order_by("organization_id")
+    assert [(r.organization, r.actor) for r in rows] == [(tenant.organization, staff),
+                                                        (other_tenant.organization, staff), (None, staff)]
+    assert rows[0].data == {
         "device_hours_per_month": {"from": None, "to": "12.5"},
         "max_concurrent_jobs": {"from": None, "to": 3},
+        "weight": {"from": 1.0, "to": 2},
     }
-    services.quota_set(organization=org, actor=tenant.admin, max_concurrent_jobs=3)  # no change, no row
-    services.quota_set(organization=org, actor=tenant.admin, max_concurrent_jobs=None)  # back to unlimited
-    assert actions(org).count("quota.changed") == 2
-    assert Quota.objects.get(organization=org).max_concurrent_jobs is None
+    services.plan_update(plan=plan, actor=staff, max_concurrent_jobs=3)  # no change, no row
+    assert actions(tenant.organization).count("plan.changed") == 1
 
 
 @pytest.mark.parametrize(
-    "fields", [{"max_concurrent_jobs": -1}, {"device_hours_per_month": -0.5}, {"max_devices": 4}]
+    "fields", [{"max_concurrent_jobs": -1}, {"device_hours_per_month": -0.5}, {"max_devices": 4}, {"weight": 0},
+               {"max_priority": "urgent"}]
 )
-def test_quota_set_rejects_negative_or_unknown_limits(tenant, fields):
+def test_plan_update_rejects_bad_values_and_changes_nothing(tenant, fields):
+    plan = tenant.organization.plan
     with pytest.raises(ValidationError):
-        services.quota_set(organization=tenant.organization, actor=tenant.admin, **fields)
-    quota = Quota.objects.get(organization=tenant.organization)
-    assert (quota.max_concurrent_jobs, quota.device_hours_per_month) == (None, None)
-    assert "quota.changed" not in actions(tenant.organization)
+        services.plan_update(plan=plan, actor=None, **fields)
+    plan.refresh_from_db()
+    assert (plan.max_concurrent_jobs, plan.device_hours_per_month, plan.weight, plan.max_priority) == (
+        None, None, 1.0, "high")
+    assert not AuditLog.objects.filter(action="plan.changed").exists()
+
+
+def test_only_staff_or_the_system_change_plans(tenant):
+    plan = PlanFactory(name="pro")
+    for call in (lambda: services.plan_create(actor=tenant.owner, name="mine"),
+                 lambda: services.plan_update(plan=plan, actor=tenant.owner, weight=9),
+                 lambda: services.plan_assign(organization=tenant.organization, plan=plan, actor=tenant.owner)):
+        with pytest.raises(PermissionDenied):
+            call()
+    tenant.organization.refresh_from_db()
+    assert (tenant.organization.plan.name, Plan.objects.get(name="pro").weight) == ("unlimited", 1.0)
+    services.plan_assign(organization=tenant.organization, plan=plan, actor=None)  # the system may
+    assert Organization.objects.get(pk=tenant.organization.pk).plan == plan
+
+
+def test_organizations_start_on_the_configured_default_plan_which_must_limit_everything(settings):
+    owner = UserFactory()
+    PlanFactory(name="trial", device_hours_per_month=3, max_concurrent_jobs=1, max_devices_per_job=2)
+    settings.PLEXRL_DEFAULT_PLAN = "trial"
+    assert services.organization_create(name="A", owner=owner).plan.name == "trial"
+    PlanFactory(name="open")  # no limits
+    settings.PLEXRL_DEFAULT_PLAN = "open"
+    with pytest.raises(ValidationError, match="leaves a limit unlimited"):
+        services.organization_create(name="B", owner=owner)
+    settings.PLEXRL_DEFAULT_PLAN = "missing"
+    with pytest.raises(ValidationError, match="does not exist"):
+        services.organization_create(name="C", owner=owner)
+    assert list(Organization.objects.filter(name__in=["B", "C"])) == []

@@ -44,7 +44,7 @@ def test_mail_goes_to_the_console_by_default(manage):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("model", ["user", "organization", "membership", "apitoken", "quota", "auditlog"])
+@pytest.mark.parametrize("model", ["user", "organization", "membership", "apitoken", "plan", "auditlog"])
 def test_admin_lists_every_accounts_model(admin_client, tenant, model):
     assert admin_client.get(f"/admin/accounts/{model}/").status_code == 200
 

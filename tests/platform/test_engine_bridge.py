@@ -48,7 +48,7 @@ def test_a_job_runs_through_celery_and_the_engine_and_its_pull_is_idempotent(wor
     import re
 
     from accounts.services import organization_create
-    from billing.tasks import push_budget
+    from billing.tasks import push_tenant
     from engine.paths import events_path
     from jobs import services, tasks
     from jobs.models import Job, JobState
@@ -56,7 +56,7 @@ def test_a_job_runs_through_celery_and_the_engine_and_its_pull_is_idempotent(wor
 
     owner = UserFactory()
     org = organization_create(name="Bridge Lab", owner=owner)
-    push_budget.delay(org.pk, 1e9)  # the engine holds the organization's budget: ample here
+    push_tenant.delay(org.pk, 1e9, 2.0)  # the engine holds the organization's budget (ample here) and weight
     job = services.job_create(organization=org, user=owner, spec=ENGINE_SPEC, name="tiny", rollout_devices=1,
                               train_devices=1)  # committed: its launch goes to Redis after commit
 
@@ -73,7 +73,7 @@ def test_a_job_runs_through_celery_and_the_engine_and_its_pull_is_idempotent(wor
     logged = [json.loads(line)["data"] for line in events_path(engine_home, job.engine_id).read_text().splitlines()
               if json.loads(line)["kind"] == "usage"]
     assert {u["tenant"] for u in logged} == {f"org-{org.pk}"}  # its calls spent its organization's budget
-    assert re.search(r"billing\.tasks\.push_budget\[[^\]]+\] succeeded", worker.log.read_text())
+    assert re.search(r"billing\.tasks\.push_tenant\[[^\]]+\] succeeded", worker.log.read_text())
     assert job.started_at is not None
     assert job.finished_at is not None
     savings = first["savings"]
@@ -86,3 +86,35 @@ def test_a_job_runs_through_celery_and_the_engine_and_its_pull_is_idempotent(wor
                "the replayed pull did not finish", worker)
     assert snapshot(job) == first
     assert refresh().state == JobState.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(600)
+def test_a_job_past_the_concurrent_job_limit_waits_queued_and_runs_when_the_earlier_one_ends(worker, engine_home):
+    from accounts.services import organization_create
+    from engine.paths import events_path
+    from jobs import services, tasks
+    from jobs.models import Job, JobState
+    from tests.platform.factories import UserFactory
+    from tests.platform.tenants import give_plan
+
+    owner = UserFactory()
+    org = organization_create(name="Queue Lab", owner=owner)
+    give_plan(org, max_concurrent_jobs=1, device_hours_per_month=1000)
+    first = services.job_create(organization=org, user=owner, spec=ENGINE_SPEC, name="first")
+    second = services.job_create(organization=org, user=owner, spec=ENGINE_SPEC | {"seed": 6}, name="second")
+    assert (second.state, second.waiting_for_slot) == (JobState.QUEUED, True)
+    assert second.state_reason.startswith("waiting for a slot: plan queue-lab-plan runs at most 1 jobs at once")
+
+    def states():
+        return {j.name: (j.state, j.waiting_for_slot) for j in Job.objects.all()}
+
+    wait_until(lambda: states()["first"][0] in (JobState.PROFILING, JobState.RUNNING, JobState.SUCCEEDED), 240,
+               tasks.pull_all_events.delay, "the first job did not start", worker)
+    assert states()["second"] == (JobState.QUEUED, True)  # held while the first one runs, never sent
+    assert not events_path(engine_home, second.engine_id).exists()  # the engine has never heard of it
+    wait_until(lambda: states() == {"first": (JobState.SUCCEEDED, False), "second": (JobState.SUCCEEDED, False)},
+               300, tasks.pull_all_events.delay, "the queued job did not run after the first one ended", worker)
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert second.started_at >= first.finished_at

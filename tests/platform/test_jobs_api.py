@@ -13,11 +13,12 @@ import pytest
 from django.utils import timezone
 
 from accounts import services as account_services
-from accounts.models import AuditLog, Quota, Role
+from accounts.models import AuditLog, Role
 from jobs import services
 from jobs.models import Job, JobEvent, JobMetric, JobState
 from tests.platform.builders import JOBS, SPEC, ingest, metrics_event, state_event, usage_event
 from tests.platform.factories import MembershipFactory, UserFactory
+from tests.platform.tenants import give_plan
 
 pytestmark = pytest.mark.django_db
 
@@ -56,8 +57,8 @@ def test_create_a_job(tenant, token_client):
     )
     assert set(body) == {
         "id", "name", "state", "state_reason", "rollout_devices", "train_devices", "reserved_devices",
-        "deployment_mode", "created_by", "created_at", "started_at", "finished_at", "last_step", "spec",
-        "paused_by_quota", "updated_at", "savings", "estimate",
+        "deployment_mode", "priority", "waiting_for_slot", "created_by", "created_at", "started_at",
+        "finished_at", "last_step", "spec", "paused_by_quota", "updated_at", "savings", "estimate",
     }  # fmt: skip
     assert (body["state"], body["created_by"], body["reserved_devices"], body["last_step"]) == (
         "queued",
@@ -164,15 +165,13 @@ def test_viewers_cannot_create_jobs(tenant, token_client):
     ("quota", "payload", "limit"),
     [
         ({"max_devices_per_job": 2}, {"spec": SPEC, "rollout_devices": 2, "train_devices": 1}, "max_devices_per_job"),
-        ({"max_concurrent_jobs": 1}, {"spec": SPEC}, "max_concurrent_jobs"),
         ({"device_hours_per_month": 0}, {"spec": SPEC}, "device_hours_per_month"),
+        ({"max_priority": "normal"}, {"spec": SPEC, "priority": "high"}, "max_priority"),
     ],
-    ids=["devices-per-job", "concurrent-jobs", "device-hours"],
+    ids=["devices-per-job", "device-hours", "priority"],
 )
 def test_create_over_quota_answers_409_and_creates_nothing(tenant, token_client, quota, payload, limit):
-    if limit == "max_concurrent_jobs":
-        make_job(tenant, state=JobState.PAUSED)  # paused jobs still count
-    Quota.objects.filter(organization=tenant.organization).update(**quota)
+    give_plan(tenant.organization, **quota)
     before = Job.objects.count()
     response = token_client(tenant.member, tenant.organization).post(JOBS, payload, format="json")
     assert response.status_code == 409
@@ -187,9 +186,25 @@ def test_finished_jobs_and_other_tenants_jobs_do_not_count_against_concurrency(t
     make_job(tenant, state=JobState.SUCCEEDED)
     make_job(tenant, state=JobState.CANCELLED)
     make_job(other_tenant, state=JobState.RUNNING)
-    Quota.objects.filter(organization=tenant.organization).update(max_concurrent_jobs=1, max_devices_per_job=2)
+    give_plan(tenant.organization, max_concurrent_jobs=1, max_devices_per_job=2)
     response = token_client(tenant.member, tenant.organization).post(JOBS, {"spec": SPEC}, format="json")
     assert response.status_code == 201
+    assert (response.json()["state"], response.json()["waiting_for_slot"]) == ("queued", False)
+
+
+def test_past_the_concurrent_job_limit_a_job_waits_queued_with_its_reason(tenant, token_client):
+    make_job(tenant, state=JobState.PAUSED)  # paused jobs keep their slot
+    give_plan(tenant.organization, max_concurrent_jobs=1)
+    client = token_client(tenant.member, tenant.organization)
+    response = client.post(JOBS, {"spec": SPEC, "name": "second"}, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert (body["state"], body["waiting_for_slot"]) == ("queued", True)
+    assert "waiting for a slot" in body["state_reason"]
+    listed = client.get(JOBS).json()["results"][0]
+    assert (listed["name"], listed["waiting_for_slot"], listed["state_reason"]) == ("second", True,
+                                                                                     body["state_reason"])
+    assert client.get("/api/v1/quota/").json()["usage"]["queued_jobs"] == 1
 
 
 # --- list and detail -----------------------------------------------------------------------------

@@ -9,15 +9,16 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from accounts.models import AuditLog, Quota
+from accounts.models import AuditLog, Plan
 from accounts.services import organization_create
 from billing.models import UsageEntry
 from billing.selectors import job_savings
 from billing.tasks import enforce_quotas
-from jobs import ingest, services
+from jobs import ingest, services, slots
 from jobs.models import Job, JobEvent, JobMetric, JobState
 from tests.platform.builders import metrics, state, usage
 from tests.platform.factories import UserFactory
+from tests.platform.tenants import give_plan
 
 pytestmark = pytest.mark.django_db
 SPEC = {"task": "arith", "model": "tiny-arith", "steps": 3, "seed": 1, "rollout": "torch", "trainer": "torch"}
@@ -47,18 +48,46 @@ def test_the_engine_spec_validates_and_its_errors_name_the_field(org):
     assert AuditLog.objects.filter(organization=organization, action="job.created", target=job.engine_id).exists()
 
 
-def test_quota_limits_refuse_a_job_and_create_nothing(org):
+def test_plan_limits_refuse_a_job_and_create_nothing(org):
     organization, owner = org
-    Quota.objects.update_or_create(organization=organization, defaults={"max_devices_per_job": 2,
-                                                                        "max_concurrent_jobs": 1})
+    give_plan(organization, max_devices_per_job=2, max_concurrent_jobs=1, max_priority="normal")
     with pytest.raises(services.QuotaExceeded) as err:
         services.job_create(organization=organization, user=owner, spec=SPEC, rollout_devices=2, train_devices=1)
     assert err.value.limit == "max_devices_per_job"
-    services.job_create(organization=organization, user=owner, spec=SPEC)
     with pytest.raises(services.QuotaExceeded) as err:
-        services.job_create(organization=organization, user=owner, spec=SPEC)
-    assert err.value.limit == "max_concurrent_jobs"
-    assert Job.objects.count() == 1
+        services.job_create(organization=organization, user=owner, spec=SPEC, priority="high")
+    assert err.value.limit == "max_priority"
+    with pytest.raises(ValidationError) as err:
+        services.job_create(organization=organization, user=owner, spec=SPEC, priority="urgent")
+    assert "priority" in err.value.message_dict
+    assert Job.objects.count() == 0
+
+
+def test_the_concurrent_job_limit_holds_jobs_in_submission_order_and_releases_them(
+        org, django_capture_on_commit_callbacks):
+    organization, owner = org
+    give_plan(organization, max_concurrent_jobs=2)
+    with django_capture_on_commit_callbacks(execute=False) as launches:
+        jobs = [services.job_create(organization=organization, user=owner, spec=SPEC, name=f"j{i}") for i in range(5)]
+    assert len(launches) == 2  # only the first two are sent to the engine
+    assert [j.waiting_for_slot for j in jobs] == [False, False, True, True, True]
+    assert all("waiting for a slot" in j.state_reason and j.state == JobState.QUEUED for j in jobs[2:])
+    services.job_pause(job=jobs[2], actor=owner)  # a paused waiting job keeps its place, skipped while paused
+    with django_capture_on_commit_callbacks(execute=True):
+        ingest.ingest_events(job=jobs[0], events=[state(1, "running"), state(2, "succeeded")])
+    waiting = {j.name: j.waiting_for_slot for j in Job.objects.all()}
+    assert waiting == {"j0": False, "j1": False, "j2": True, "j3": False, "j4": True}
+    with django_capture_on_commit_callbacks(execute=True):
+        services.job_cancel(job=jobs[1], actor=owner)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.job_resume(job=jobs[2], actor=owner)  # resumed: back in the queue, behind nobody
+    assert {j.name: j.waiting_for_slot for j in Job.objects.all()} == {
+        "j0": False, "j1": False, "j2": True, "j3": False, "j4": False}
+    assert Job.objects.get(name="j2").state_reason.startswith("waiting for a slot")
+    with django_capture_on_commit_callbacks(execute=True):
+        Plan.objects.filter(pk=organization.plan_id).update(max_concurrent_jobs=3)
+        slots.release(organization.pk, lambda job_id: None)
+    assert not Job.objects.filter(waiting_for_slot=True).exists()
 
 
 def test_ingestion_is_idempotent_and_follows_the_engine_state(org):
@@ -143,7 +172,7 @@ def test_quota_enforcement_pauses_over_budget_and_resumes_when_raised(org, mid_m
     ingest.ingest_events(job=job, events=[state(1, "running")])
     now = mid_month
     ingest.ingest_events(job=job, events=[usage(2, 1, now - 7200, now, devices=1.0)])  # 2 device-hours
-    Quota.objects.update_or_create(organization=organization, defaults={"device_hours_per_month": 1})
+    plan = give_plan(organization, device_hours_per_month=1)
     # the engine is told what is left (here an overrun of one device-hour: it starts nothing more)
     assert enforce_quotas() == {"paused": 1, "resumed": 0, "budgets": {organization.pk: pytest.approx(-3600.0)}}
     job.refresh_from_db()
@@ -151,7 +180,7 @@ def test_quota_enforcement_pauses_over_budget_and_resumes_when_raised(org, mid_m
     assert enforce_quotas() == {"paused": 0, "resumed": 0, "budgets": {organization.pk: pytest.approx(-3600.0)}}
     with pytest.raises(services.QuotaExceeded):
         services.job_create(organization=organization, user=owner, spec=SPEC)
-    Quota.objects.filter(organization=organization).update(device_hours_per_month=10)
+    Plan.objects.filter(pk=plan.pk).update(device_hours_per_month=10)
     assert enforce_quotas() == {"paused": 0, "resumed": 1, "budgets": {organization.pk: pytest.approx(8 * 3600.0)}}
     job.refresh_from_db()
     assert (job.state, job.paused_by_quota) == (JobState.RUNNING, False)
@@ -165,8 +194,8 @@ def test_quota_usage_counts_active_jobs_and_this_months_device_hours(org, mid_mo
     now = mid_month
     ingest.ingest_events(job=job, events=[usage(1, 1, now - 1800, now, devices=2.0)])  # 1 device-hour
     ingest.ingest_events(job=job, events=[usage(2, 2, 0.0, 3600.0, devices=1.0)])  # 1970: another month
-    assert quota_usage(organization=organization) == {"device_hours_this_month": 1.0, "over_budget_device_hours": None,
-                                                      "concurrent_jobs": 1}
+    assert quota_usage(organization=organization) == {"device_hours_this_month": 1.0, "over_budget_device_hours": 0.0,
+                                                      "concurrent_jobs": 1, "queued_jobs": 0}  # starter: 100 h
     services.job_cancel(job=job, actor=owner)
     assert quota_usage(organization=organization)["concurrent_jobs"] == 0
 
@@ -176,7 +205,7 @@ def test_quota_usage_reports_the_overrun_past_the_budget(org, mid_month):
 
     organization, owner = org
     job = services.job_create(organization=organization, user=owner, spec=SPEC)
-    Quota.objects.update_or_create(organization=organization, defaults={"device_hours_per_month": 2.5})
+    give_plan(organization, device_hours_per_month=2.5)
     ingest.ingest_events(job=job, events=[usage(1, 1, mid_month - 3600, mid_month, devices=2.0)])  # 2 hours
     assert quota_usage(organization=organization)["over_budget_device_hours"] == 0.0  # within it
     # the call running as the budget ran out ends: one device-hour, half of it past the budget

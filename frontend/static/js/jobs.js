@@ -23,7 +23,13 @@ function row(job) {
     { dataset: { job: job.id, state: job.state } },
     el("td", {}, `#${job.id}`),
     el("td", {}, el("a", { href: `/jobs/${job.id}/` }, job.name || "(unnamed)")),
-    el("td", {}, badge(job.state)),
+    el(
+      "td",
+      {},
+      badge(job.state),
+      // a job held by the plan's concurrent-job limit says why it waits
+      job.waiting_for_slot ? el("div", { class: "muted small job-reason" }, job.state_reason) : null,
+    ),
     el("td", { class: "num" }, job.last_step ?? "–"),
     el("td", { class: "num" }, `${job.rollout_devices} + ${job.train_devices}`),
     el("td", {}, job.deployment_mode.replaceAll("_", " ")),
