@@ -246,6 +246,13 @@ DEMO_JOBS = (
 )
 
 
+# The demo organization's plan, set by its admin (platform staff) as staff would: every demo job
+# runs at once (the default plan would queue the third), sharing the engine's groups.
+DEMO_PLAN = {"name": "demo", "description": "The demo organization's: its jobs run side by side.",
+             "device_hours_per_month": 1000, "max_concurrent_jobs": len(DEMO_JOBS), "max_devices_per_job": 16,
+             "weight": 1.0, "max_priority": "high"}
+
+
 def demo_credentials() -> dict[str, str]:
     """The demo organization, its admin (platform staff) and an API token, made on the first run
     and remembered in ``PLEXRL_HOME/demo-credentials.json`` (readable by its owner only): a second
@@ -256,8 +263,8 @@ def demo_credentials() -> dict[str, str]:
     from django.conf import settings
     from django.db import transaction
 
-    from accounts.models import Organization, User
-    from accounts.services import organization_create, token_create
+    from accounts.models import Organization, Plan, User
+    from accounts.services import organization_create, plan_assign, plan_create, token_create
 
     path = settings.PLEXRL_HOME / CREDENTIALS_FILE
     if path.exists():
@@ -272,6 +279,8 @@ def demo_credentials() -> dict[str, str]:
         user.save()
         organization = (Organization.objects.filter(name=DEMO_ORGANIZATION).first()
                         or organization_create(name=DEMO_ORGANIZATION, owner=user))
+        plan = Plan.objects.filter(name=DEMO_PLAN["name"]).first() or plan_create(actor=user, **DEMO_PLAN)
+        plan_assign(organization=organization, plan=plan, actor=user)
         _, token = token_create(user=user, organization=organization, name="demo")
     saved = {"username": DEMO_USER, "password": password, "token": token, "organization": organization.name}
     path.touch(mode=0o600)

@@ -34,6 +34,8 @@ def test_the_demo_jobs_are_submitted_once(home, django_capture_on_commit_callbac
         ids = embedded.submit_demo_jobs()
     assert len(ids) == len(embedded.DEMO_JOBS) >= 3
     assert embedded.submit_demo_jobs() == ids
+    # the demo's plan runs them all at once, side by side on the shared groups: none waits for a slot
+    assert not Job.objects.filter(pk__in=ids, waiting_for_slot=True).exists()
     jobs = Job.objects.filter(pk__in=ids)
     assert {job.spec["task"] for job in jobs} >= {"arith", "arith-tools"}  # one stalls on tool calls
     assert len({(job.spec["grpo"]["updates_per_step"], job.spec["task"]) for job in jobs}) >= 3  # shapes differ
