@@ -15,7 +15,8 @@ def add_sim(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sim", help="simulate a cluster of RLVR jobs under five deployment modes",
                        description="Simulate the same jobs under isolated split, colocated, async split, PlexRL "
                                    "and PlexRL spread + backfill, on the live scheduler's code.")
-    p.add_argument("--workload", default="paper-math", help="preset: paper-math, agentic-tools, long-cot")
+    p.add_argument("--workload", default="paper-math",
+                   help="preset: paper-math, paper-math-backlog, agentic-tools, long-cot")
     p.add_argument("--gpus", type=int, default=None, help="cluster size (default: the preset's, 2048)")
     p.add_argument("--jobs", type=int, default=200, help="jobs drawn from the preset (default 200)")
     p.add_argument("--seed", type=int, default=0)

@@ -72,6 +72,7 @@ def compare(report: dict[str, Any]) -> dict[str, Any]:
         "actual_over_peak_plexrl": m["plexrl"]["actual_over_peak"] if "plexrl" in m else None,
         "actual_over_peak_colocated": m["colocated"]["actual_over_peak"] if "colocated" in m else None,
         "billed_over_floor": {mode: s["device_hours"] / floor for mode, s in m.items()} if floor else None,
+        "held_over_floor": {mode: s["held_device_hours"] / floor for mode, s in m.items()} if floor else None,
         "paper": PAPER,
         "goals": GOALS,
     }
@@ -96,14 +97,16 @@ def utilisation(results: dict[str, ModeResult], gpus: int) -> dict[str, Any]:
 
 
 def table(report: dict[str, Any]) -> str:
-    rows = [f"{'mode':<17}{'device-hours':>14}{'x floor':>9}{'completion h':>14}{'mean JCT h':>12}"
-            f"{'actual/peak':>13}{'switches':>10}{'sim s':>8}{'events/s':>10}"]
+    # billed: what users pay (their calls, or their reservations); held: what the provider holds
+    rows = [f"{'mode':<17}{'billed dev-h':>14}{'x floor':>9}{'held dev-h':>12}{'x floor':>9}{'completion h':>14}"
+            f"{'mean JCT h':>12}{'actual/peak':>13}{'held a/p':>10}{'switches':>10}{'sim s':>8}{'events/s':>10}"]
     floor = report["work_floor_device_hours"]
     for mode, s in report["modes"].items():
         rows.append(f"{mode:<17}{s['device_hours']:>14,.0f}{s['device_hours'] / floor:>9.2f}"
+                    f"{s['held_device_hours']:>12,.0f}{s['held_device_hours'] / floor:>9.2f}"
                     f"{s['total_completion_s'] / 3600:>14.1f}{s['mean_job_completion_s'] / 3600:>12.1f}"
-                    f"{100 * s['actual_over_peak']:>12.1f}%{s['switches']:>10}{s['wall_seconds']:>8.1f}"
-                    f"{s['events_per_s']:>10,.0f}")
+                    f"{100 * s['actual_over_peak']:>12.1f}%{100 * s['held_actual_over_peak']:>9.1f}%"
+                    f"{s['switches']:>10}{s['wall_seconds']:>8.1f}{s['events_per_s']:>10,.0f}")
     rows.append(f"{'work floor':<17}{floor:>14,.0f}")
     c = report["comparison"]
 

@@ -96,6 +96,9 @@ class ModeResult:
     switch_device_s: float = 0.0
     events: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # device-seconds the provider held (reservations or worker groups, idle included); None: what was
+    # billed, as for the dedicated modes, whose bill is their reservations
+    held_device_s: float | None = None
 
 
 # --- dedicated deployments -------------------------------------------------------------------------
@@ -571,6 +574,9 @@ def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admit_load: flo
     for pool in pools:
         counts[pool.cls] += 1
     result.extra = {"pools": dict(counts), "admit_load": admit_load}
+    # the pools hold their devices from the first arrival to the last completion, idle or not
+    devices = sum(wpg.devices for pool in pools for wpg in (*pool.rollout, *pool.train))
+    result.held_device_s = devices * (max(result.finish.values()) - min(p.job.arrival for p in plans))
     return result
 
 
@@ -596,10 +602,14 @@ def summarise(result: ModeResult, plans: Iterable[StepPlan]) -> dict[str, Any]:
     first = min(arrivals.values())
     last = max(result.finish.values())
     jct = [result.finish[j] - arrivals[j] for j in arrivals]
+    held = billed if result.held_device_s is None else result.held_device_s
     return {
         "device_hours": billed / 3600,
+        "held_device_hours": held / 3600,
+        "work_floor_device_hours": floor / 3600,
         "total_completion_s": last - first,
         "actual_over_peak": floor / billed if billed else 0.0,
+        "held_actual_over_peak": floor / held if held else 0.0,
         "mean_job_completion_s": float(np.mean(jct)),
         "median_job_completion_s": float(np.median(jct)),
         "mean_queue_s": float(np.mean([result.start[j] - arrivals[j] for j in arrivals])),

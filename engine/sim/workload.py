@@ -100,6 +100,7 @@ class Workload:
     steps_min: int = 100
     steps_max: int = 400
     load: float = 0.8  # offered load of the isolated split deployment, as a fraction of the cluster
+    arrivals_per_s: float | None = None  # a fixed Poisson arrival rate instead of the one ``load`` implies
 
     def __post_init__(self):
         total = sum(c.fraction for c in self.classes)
@@ -146,6 +147,9 @@ PRESETS: dict[str, Workload] = {
                               shares=Shares(rollout=0.61, reward=0.04, logprob=0.10, train=0.22, sync=0.03),
                               length_median=600.0, length_sigma=1.0, length_cap=8192, tool_stall_s=120.0,
                               tool_stall_sigma=0.8),
+    # exactly docs/workloads.md's paper-math-backlog: paper-math with its 1,000 jobs arriving over the
+    # first 24 hours, so every deployment carries a backlog and total completion measures capacity
+    "paper-math-backlog": Workload("paper-math-backlog", _paper_classes(), arrivals_per_s=1000 / 86400),
     # long chain-of-thought: rollout up to 90 % of the step, 28K responses (verl DAPO recipe)
     "long-cot": Workload("long-cot", _paper_classes(),
                          shares=Shares(rollout=0.80, reward=0.02, logprob=0.06, train=0.10, sync=0.02),
@@ -291,8 +295,11 @@ def isolated_step_mean_s(w: Workload, c: ModelClass) -> float:
 
 
 def arrival_rate(w: Workload) -> float:
-    """Jobs per second such that the isolated split deployment's offered load is ``w.load`` of the
-    cluster: rate x E[devices x steps x step time] = load x gpus."""
+    """Jobs per second: ``w.arrivals_per_s`` when the workload fixes it, else such that the isolated
+    split deployment's offered load is ``w.load`` of the cluster: rate x E[devices x steps x step
+    time] = load x gpus."""
+    if w.arrivals_per_s is not None:
+        return w.arrivals_per_s
     mean_steps = (w.steps_min + w.steps_max) / 2
     per_job = sum(c.fraction * (c.rollout_gpus + c.train_gpus) * mean_steps * isolated_step_mean_s(w, c)
                   for c in w.classes)

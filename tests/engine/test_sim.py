@@ -159,6 +159,16 @@ def test_paper_math_is_the_published_preset():
     assert (w.weight_bytes, w.optimizer_bytes, w.steps_min, w.steps_max, w.load) == (2.0, 12.0, 100, 400, 0.8)
 
 
+def test_paper_math_backlog_is_paper_math_with_a_days_arrivals():
+    w, base = PRESETS["paper-math-backlog"], PRESETS["paper-math"]
+    assert dataclasses.replace(w, name="paper-math", arrivals_per_s=None) == base  # nothing else differs
+    jobs = generate_jobs(w, 1000, 0)
+    assert arrival_rate(w) == 1000 / 86400
+    assert jobs[-1].arrival == pytest.approx(86400, rel=0.1)  # the 1,000 jobs arrive over about a day
+    # far above what isolated split serves (about 50 jobs at once): a backlog
+    assert arrival_rate(w) > 10 * arrival_rate(base)
+
+
 def test_rollout_phase_is_calibrated_to_its_share_and_has_a_tail():
     w = PRESETS["paper-math"]
     plans = plan_all(w, [Job(f"j{i}", "7B", 0.0, 400, i) for i in range(5)])
@@ -185,12 +195,26 @@ def small_run(seed: int = 0):
 
 
 def test_every_mode_completes_every_job_and_shared_modes_bill_near_the_floor():
-    _, plans, results = small_run()
+    w, plans, results = small_run()
     floor = sum(p.work_floor_device_s() for p in plans)
     for mode, r in results.items():
         assert set(r.finish) == {p.job.id for p in plans}, mode
         s = summarise(r, plans)
         assert s["device_hours"] * 3600 >= floor * (1 - 1e-9), mode  # nobody beats the floor
+        assert s["work_floor_device_hours"] * 3600 == pytest.approx(floor)
+        # the provider holds at least what users are billed: a dedicated mode bills its reservations
+        # (held = billed); shared pools hold their devices from the first arrival to the last end
+        assert s["held_device_hours"] >= s["device_hours"] * (1 - 1e-9), mode
+        assert s["held_actual_over_peak"] <= s["actual_over_peak"] + 1e-12, mode
+    for mode in ("isolated_split", "async_split", "colocated"):
+        assert summarise(results[mode], plans)["held_device_hours"] == summarise(results[mode], plans)["device_hours"]
+    span = {m: max(r.finish.values()) - min(p.job.arrival for p in plans) for m, r in results.items()}
+    for mode in ("plexrl", "plexrl_backfill"):
+        held = summarise(results[mode], plans)["held_device_hours"] * 3600
+        devices = held / span[mode]  # whole worker groups, at most the cluster, held the whole run
+        assert devices == pytest.approx(round(devices))
+        assert 0 < round(devices) <= w.gpus
+        assert held > device_seconds(results[mode].usage)  # 12 small jobs leave the pools idle at times
     for mode in ("plexrl", "plexrl_backfill"):
         billed = device_seconds(results[mode].usage)
         assert billed == pytest.approx(floor + results[mode].switch_device_s, rel=1e-9)
@@ -261,7 +285,9 @@ def test_cli_runs_a_small_cluster_with_json_and_a_plot(tmp_path):
     assert set(report["modes"]) == set(MODES)
     assert set(report["utilisation"]["billed"]) == set(MODES)
     for mode in MODES:
-        assert {"device_hours", "total_completion_s", "actual_over_peak", "wall_seconds"} <= set(report["modes"][mode])
+        assert {"device_hours", "held_device_hours", "work_floor_device_hours", "total_completion_s",
+                "mean_job_completion_s", "actual_over_peak", "held_actual_over_peak",
+                "wall_seconds"} <= set(report["modes"][mode])
     assert report["work_floor_device_hours"] > 0
     assert report["sim_wall_seconds"] > 0
     assert report["parameters"]["steps_max"] == 3
