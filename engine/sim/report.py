@@ -128,11 +128,13 @@ def table(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    """Utilisation over time per mode (left) and the cost table (right), as PNG or SVG."""
+    """Utilisation over time per mode (left) and the cost per mode (right: device-hours billed, in
+    front of those held), as PNG or SVG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     u = report["utilisation"]
     edges = np.asarray(u["bin_edges_s"])
@@ -152,18 +154,22 @@ def plot(report: dict[str, Any], path: Path) -> None:
     left.set_title(f"{report['workload']}: {report['jobs']} jobs on {report['gpus']} GPUs")
     left.set_ylim(0, 100)
     left.legend(fontsize=6, ncol=2)
+    # held (what the provider holds, idle included) behind billed (what users pay): the gap is idle
+    held = [report["modes"][m]["held_device_hours"] for m in modes]
     hours = [report["modes"][m]["device_hours"] for m in modes]
-    bars = right.barh(modes, hours, color="#7a9cc6")
+    right.barh(modes, held, color="#d9d9d9", label="held")
+    bars = right.barh(modes, hours, height=0.5, color="#7a9cc6", label="billed")
     right.axvline(report["work_floor_device_hours"], color="k", linestyle="--", linewidth=1, label="work floor")
     for bar, mode in zip(bars, modes, strict=True):
         s = report["modes"][mode]
-        right.text(bar.get_width(), bar.get_y() + bar.get_height() / 2,
-                   f" {s['device_hours']:,.0f} device-h, done in {s['total_completion_s'] / per:,.1f} {unit}",
-                   va="center", fontsize=8)
-    right.set_xlabel("device-hours billed")
+        right.text(max(s["held_device_hours"], s["device_hours"]), bar.get_y() + bar.get_height() / 2,
+                   f" {s['device_hours']:,.0f} billed, {s['held_device_hours']:,.0f} held; "
+                   f"done in {s['total_completion_s'] / per:,.1f} {unit}", va="center", fontsize=7)
+    right.set_xlabel("device-hours")
     right.invert_yaxis()
-    right.legend(fontsize=8, loc="lower right")
-    right.set_xlim(0, max(hours) * 1.6)
+    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
+    right.set_xlim(0, max(held + hours) * 1.9)
+    right.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1000:,.0f}k"))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
