@@ -100,8 +100,9 @@ def tokens_of(*, organization: Organization) -> QuerySet[ApiToken]:
 
 
 def quota_of(*, organization: Organization) -> Plan:
-    """The organization's quota: its plan's limits (null: unlimited), weight and highest priority."""
-    return Plan.objects.get(organizations=organization)
+    """The organization's quota: its plan's limits (null: unlimited), weight and highest priority
+    (read once per organization instance: the foreign key caches it)."""
+    return organization.plan
 
 
 def plans() -> QuerySet[Plan]:
@@ -119,14 +120,14 @@ def quota_usage(*, organization: Organization) -> dict[str, object]:
     from django.utils import timezone
 
     from billing.selectors import device_hours_in_month  # the apps above accounts, imported late
-    from jobs.selectors import active_jobs_count, jobs_waiting_for_slot_count
+    from jobs.selectors import slot_counts
 
     used = round(device_hours_in_month(organization=organization, when=timezone.now()), 6)
     budget = quota_of(organization=organization).device_hours_per_month
+    holding, waiting = slot_counts(organization=organization)
     return {"device_hours_this_month": used,
             "over_budget_device_hours": None if budget is None else max(0.0, round(used - float(budget), 6)),
-            "concurrent_jobs": active_jobs_count(organization=organization),
-            "queued_jobs": jobs_waiting_for_slot_count(organization=organization)}
+            "concurrent_jobs": holding, "queued_jobs": waiting}
 
 
 def audit_of(*, organization: Organization) -> QuerySet[AuditLog]:

@@ -319,11 +319,11 @@ def plan_assign(*, organization: Organization, plan: Plan, actor: User | None) -
     """Put the organization on ``plan``; audited with the staff member, effective after commit.
     Called by ``PUT organizations/{id}/plan/``, the admin and ``manage.py plan assign``."""
     _check_staff(actor, "assign plans")
-    organization = _lock(organization)
+    given, organization = organization, _lock(organization)
     old = organization.plan
     if old.pk == plan.pk:
         return organization
-    organization.plan = plan
+    organization.plan = given.plan = plan  # the caller's instance shows it too
     organization.save(update_fields=["plan"])
     audit_record(organization=organization, actor=actor, action="plan.assigned", target=plan.name,
                  data={"from": old.name, "to": plan.name})

@@ -3,7 +3,7 @@ that was itself fetched through the organization (``job_get``)."""
 
 from __future__ import annotations
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.shortcuts import get_object_or_404
 
 from accounts.models import Membership, Organization, Role
@@ -42,9 +42,11 @@ def active_jobs_count(*, organization: Organization) -> int:
     return Job.objects.filter(organization=organization, state__in=ACTIVE_STATES, waiting_for_slot=False).count()
 
 
-def jobs_waiting_for_slot_count(*, organization: Organization) -> int:
-    """How many of the organization's jobs wait queued for a slot (the concurrent-job limit)."""
-    return Job.objects.filter(organization=organization, state__in=ACTIVE_STATES, waiting_for_slot=True).count()
+def slot_counts(*, organization: Organization) -> tuple[int, int]:
+    """(jobs holding a slot, jobs waiting queued for one) of the organization, in one query."""
+    counts = Job.objects.filter(organization=organization, state__in=ACTIVE_STATES).aggregate(
+        holding=Count("pk", filter=Q(waiting_for_slot=False)), waiting=Count("pk", filter=Q(waiting_for_slot=True)))
+    return counts["holding"], counts["waiting"]
 
 
 def metrics_of(*, job: Job, after_seq: int = 0) -> QuerySet[JobMetric]:
