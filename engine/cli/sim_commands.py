@@ -25,9 +25,12 @@ def add_sim(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="PARAM=VALUE",
                    help="override a workload parameter (repeatable), e.g. --set samples_per_step=4096")
     p.add_argument("--modes", default=None, help="comma-separated subset of the modes (default: all five)")
-    p.add_argument("--admit-load", type=float, default=None,
-                   help="shared modes: admit jobs while each WPG's declared demand stays within this "
-                        "multiple of its time (default 1.25)")
+    p.add_argument("--admission", action="append", default=[], metavar="PARAM=VALUE",
+                   help="shared modes: set a placement and admission parameter (repeatable), e.g. "
+                        "--admission limit=1.2 --admission slowdown_bound=1.3; also groups_per_domain")
+    p.add_argument("--sync", choices=("gang", "host"), default="gang",
+                   help="shared modes: a weight sync holds the train and rollout WPGs at once (gang, the "
+                        "live engine), or the train WPG only, the rollout WPGs reloading from host (host)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", type=Path, default=None, help="write utilisation over time and the cost table "
                                                           "(.png or .svg)")
@@ -38,7 +41,7 @@ def add_sim(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_sim)
 
 
-def _overrides(items: list[str], fields: dict[str, Any]) -> dict[str, Any]:
+def _overrides(items: list[str], fields: dict[str, Any], *, flag: str = "--set") -> dict[str, Any]:
     from engine.errors import CliError
 
     out: dict[str, Any] = {}
@@ -46,12 +49,37 @@ def _overrides(items: list[str], fields: dict[str, Any]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or key not in fields or key in ("name", "classes", "shares"):
             settable = sorted(k for k in fields if k not in ("name", "classes", "shares"))
-            raise CliError(f"--set {item!r}: expected PARAM=VALUE with PARAM one of {', '.join(settable)}")
+            raise CliError(f"{flag} {item!r}: expected PARAM=VALUE with PARAM one of {', '.join(settable)}")
         kind = type(fields[key])
         try:
-            out[key] = kind(raw)
+            out[key] = _parse(kind, raw)
         except ValueError:
-            raise CliError(f"--set {key}: {raw!r} is not a valid {kind.__name__}") from None
+            raise CliError(f"{flag} {key}: {raw!r} is not a valid {kind.__name__}") from None
+    return out
+
+
+def _parse(kind: type, raw: str) -> Any:
+    if kind is bool:
+        if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(raw)
+        return raw.lower() in ("true", "1", "yes")
+    return kind(raw)
+
+
+def _admission(items: list[str]) -> dict[str, Any]:
+    """``--admission`` items as overrides of the shared modes' ``AdmissionPolicy``, checked whole."""
+    from engine.errors import CliError
+    from engine.scheduler.admission import AdmissionPolicy
+
+    fields = {f.name: f.default for f in dataclasses.fields(AdmissionPolicy)}
+    fields["groups_per_domain"] = 1
+    out = _overrides(items, fields, flag="--admission")
+    try:
+        AdmissionPolicy(**{k: v for k, v in out.items() if k != "groups_per_domain"})
+    except ValueError as exc:
+        raise CliError(f"--admission: {exc}") from None
+    if out.get("groups_per_domain", 1) < 1:
+        raise CliError("--admission groups_per_domain: must be >= 1")
     return out
 
 
@@ -80,11 +108,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
         raise CliError(f"--plot: {args.plot} must end in .png or .svg")
     if args.jobs < 1:
         raise CliError("--jobs: must be >= 1")
-    from engine.sim.simulate import ADMIT_LOAD
-
-    admit = ADMIT_LOAD if args.admit_load is None else args.admit_load
-    if not admit > 0:
-        raise CliError("--admit-load: must be > 0")
+    admission = _admission(args.admission)
+    admission["sync"] = args.sync
     try:
         w = dataclasses.replace(base, **overrides)
         jobs = load_jobs_csv(args.trace, w) if args.trace else generate_jobs(w, args.jobs, args.seed)
@@ -101,7 +126,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             bar.set_postfix_str(mode)
 
     try:
-        report = simulate(w, jobs, modes=modes, admit_load=admit, progress=progress)
+        report = simulate(w, jobs, modes=modes, admission=admission, progress=progress)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     bar.close()

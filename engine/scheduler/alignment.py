@@ -63,6 +63,11 @@ class Aligner:
         """``kind``: "rollout", "train" or "both" (a WPG that serves every function)."""
         self.pools[kind] = self.pools.get(kind, 0) + 1
 
+    def remove_wpg(self, kind: str) -> None:
+        self.pools[kind] -= 1
+        if not self.pools[kind]:
+            del self.pools[kind]
+
     def record(self, job: str, fn: str, start: float, end: float) -> None:
         """A call of a job still being profiled ran on a WPG from ``start`` to ``end``."""
         if job not in self.slots:

@@ -117,6 +117,7 @@ class Wpg:
     capacity: int = 0
     resident: OrderedDict[Deployment, None] = field(default_factory=OrderedDict)
     running: int | None = None  # id of the call it executes now
+    kind: str = "both"  # the phases it runs, for alignment
 
     def is_resident(self, deployment: Deployment) -> bool:
         return self.capacity == 0 or deployment in self.resident
@@ -205,9 +206,23 @@ class Scheduler:
     def add_wpg(self, name: str, *, devices: float = 1.0, capacity: int = 0, kind: str = "both") -> None:
         """``kind``: which phases the WPG runs ("rollout", "train" or "both"), for alignment."""
         if name not in self.wpgs:
-            self.wpgs[name] = Wpg(name, devices, capacity)
+            self.wpgs[name] = Wpg(name, devices, capacity, kind=kind)
             self._free.add(name)
             self.aligner.add_wpg(kind)
+
+    def remove_wpg(self, name: str) -> None:
+        """The WPG is gone (released when its last job left): it must run and await no call."""
+        wpg = self.wpgs[name]
+        if wpg.running is not None or any(name in c.wpgs for c in self.queue.values()):
+            raise ValueError(f"WPG {name!r} still has calls running or queued")
+        del self.wpgs[name]
+        self.aligner.remove_wpg(wpg.kind)
+        self._free.discard(name)
+        self.vclock.pop(name, None)
+        for key in [k for k in self.vtime if k[1] == name]:
+            del self.vtime[key]
+        for key in [k for k in self.switch_costs if k[1] == name]:
+            del self.switch_costs[key]
 
     def submit(self, job: str, role: str, fn: str, wpgs: tuple[str, ...] | list[str], now: float,
                tenant: str = "", *, stream: str = "", seq: int | None = None) -> Call:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.sim.simulate import ADMIT_LOAD, MODES, SHARED_MODES, Busy, ModeResult, run_mode, summarise
+from engine.sim.simulate import MODES, SHARED_MODES, Busy, ModeResult, run_mode, summarise
 from engine.sim.workload import Job, Workload, plan_all
 
 # The paper's figures the report sits beside (docs/workloads.md, "The paper's own setting").
@@ -28,17 +28,17 @@ GOALS = {"cost_vs_async_split": 0.55, "completion_vs_isolated": 0.50, "billed_ov
 UTILISATION_BINS = 100
 
 
-def simulate(w: Workload, jobs: list[Job], *, modes: Sequence[str] = MODES, admit_load: float = ADMIT_LOAD,
+def simulate(w: Workload, jobs: list[Job], *, modes: Sequence[str] = MODES, admission: dict[str, Any] | None = None,
              progress: Callable[[str | None], None] | None = None) -> dict[str, Any]:
     """``progress(mode)`` as each mode starts, ``progress(None)`` as each job completes in it;
-    ``admit_load``: the shared modes' admission limit (declared demand per WPG)."""
+    ``admission``: fields of the shared modes' ``AdmissionPolicy`` that differ from its defaults."""
     t0 = time.perf_counter()
     plans = plan_all(w, jobs)
     results: dict[str, ModeResult] = {}
     for mode in modes:
         if progress:
             progress(mode)
-        extra = {"admit_load": admit_load} if mode in SHARED_MODES else {}
+        extra = {"admission": admission} if mode in SHARED_MODES else {}
         results[mode] = run_mode(mode, w, plans, on_done=(lambda: progress(None)) if progress else None, **extra)
     floor = sum(p.work_floor_device_s() for p in plans)
     out: dict[str, Any] = {

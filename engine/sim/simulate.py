@@ -10,22 +10,34 @@ first served, when enough devices are free):
 - ``colocated``: one group of rollout + train devices runs both phases on the training layout
   (inference at ``colocated_efficiency`` per device, training over all devices).
 
-Shared modes run the scheduler core (``engine.scheduler.core.Scheduler``) unchanged, one instance
-per *pool*: the cluster's node groups are carved into pools per model class (a class's WPGs can
-host only its own architecture and size: affinity), each pool holding replica-sized rollout WPGs
-and train-group-sized train WPGs in the proportion of the class's declared demand. A job is
-admitted into a pool whose WPGs have room for its declared demand (``assign_wpgs``), its calls go
-through the pool's queues in HRRS order, its state swaps in and out of WPGs at the host bandwidth,
-and it pays only for the calls it ran (usage records from the core, as live billing does).
+Shared modes run the placement and admission policy (``engine.scheduler.admission.Placer``) and
+the scheduler core (``engine.scheduler.core.Scheduler``) unchanged, as the live engine does. The
+cluster's node groups form *domains* (the fewest whole node groups that hold the largest job), each
+under one scheduler core; WPGs are formed on a domain's free devices as placement needs them (any
+model class on any domain: a WPG hosts one class, its affinity) and released when their last job
+leaves. A job is profiled for its first steps, then placed by its measured demand (a micro-shift
+onto the WPGs whose idle time it fills best while jobs wait; onto fresh WPGs of its own while none
+does), within a per-job slowdown bound. Its calls go through its domain's queues in HRRS order;
+prefetch hints overlap a swap with the running call, and a dirty train state is written back behind
+the next call (write-behind), so a switch costs its read. Users pay for the calls they ran (usage
+records from the core, as live billing does); the provider holds the WPGs from their forming to
+their release (``held_device_s``).
 
-- ``plexrl``: first come, first served admission, first pool that fits;
-- ``plexrl_backfill``: spread (the pool whose most loaded WPG stays least loaded) + backfill (a
-  later job starts when it fits and no job ahead of it waits for its class's pools, so it delays
-  no admission already due).
+- ``plexrl``: waiting jobs start in arrival order, the first that does not fit holds the rest;
+- ``plexrl_backfill``: a later job that fits starts while an earlier one waits (a job passed over
+  too often reserves a domain, so none waits forever).
+
+Weight syncs (``sync``): ``gang`` (the live engine today) holds the job's train WPG and every rollout
+WPG at once; ``host`` holds the train WPG only, the rollout WPGs reloading the weights from the host
+tier before the job's next generate there.
+
+``run_pools`` keeps the fixed pools of earlier versions for ``--from-bench``: a bench's one rollout
+and one train group.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -39,13 +51,17 @@ from typing import Any
 import numpy as np
 
 from engine.accounting.metering import UsageRecord, device_seconds
-from engine.scheduler.core import STEP, Dispatch, Policy, Scheduler
+from engine.scheduler.admission import AdmissionPolicy, Demand, Domain, JobShape, Placement, Placer, Slot, StepProfile
+from engine.scheduler.core import STEP, Deployment, Dispatch, Policy, Scheduler
 from engine.scheduler.placement import assign_wpgs
 from engine.sim.workload import ModelClass, StepPlan, Workload, isolated_step_mean_s
 from engine.support.collector import collector_paused
 
 MODES = ("isolated_split", "colocated", "async_split", "plexrl", "plexrl_backfill")
 SHARED_MODES = ("plexrl", "plexrl_backfill")
+# how a shared job's weight sync runs: "gang" holds its train WPG and every rollout WPG at once (the
+# live engine today); "host" holds the train WPG only and the rollout WPGs reload from the host tier
+SYNCS = ("gang", "host")
 ROLE = "policy"
 
 
@@ -278,46 +294,12 @@ def _capacity(w: Workload, c: ModelClass, kind: str, devices: int) -> int:
 
 
 def switch_s(w: Workload, c: ModelClass, kind: str, devices: int) -> float:
-    """Seconds to swap a job's state into a WPG (at host bandwidth per device); a train state is
-    dirty, so the one it replaces is written back first."""
-    if kind == "rollout":
-        return w.weight_bytes * c.params_b * 1e9 / (devices * w.h2d_gb_s * 1e9)
-    return 2 * (w.weight_bytes + w.optimizer_bytes) * c.params_b * 1e9 / (devices * w.h2d_gb_s * 1e9)
-
-
-def build_pools(w: Workload, policy: Policy) -> list[Pool]:
-    """Node groups to classes in proportion to the classes' offered device-seconds (largest
-    remainder, whole pools); within a pool, devices to rollout and train in proportion to the
-    class's declared demand, in whole WPGs."""
-    groups = w.gpus // w.group_gpus
-    demand = {c.name: c.fraction * (c.rollout_gpus + c.train_gpus) * isolated_step_mean_s(w, c) for c in w.classes}
-    total = sum(demand.values())
-    size = {c.name: max(1, math.ceil((c.rollout_gpus + c.train_gpus) / w.group_gpus)) for c in w.classes}
-    want = {n: groups * d / total / size[n] for n, d in demand.items()}
-    count = {n: max(1, int(v)) for n, v in want.items()}
-    while sum(count[n] * size[n] for n in count) > groups:
-        n = max(count, key=lambda k: (count[k] - want[k], k))
-        if count[n] == 1:
-            raise ValueError(f"{w.gpus} GPUs are too few to give every model class a pool")
-        count[n] -= 1
-    for n in sorted(want, key=lambda k: (-(want[k] - count[k]), k)):
-        if sum(count[m] * size[m] for m in count) + size[n] <= groups:
-            count[n] += 1
-    pools = []
-    for c in w.classes:
-        devices = size[c.name] * w.group_gpus
-        dr, dt = declared_demand(w, c)
-        train_wpgs = max(1, round(devices * dt / (dr + dt) / c.train_gpus))
-        if devices - train_wpgs * c.train_gpus < c.rollout_gpus:
-            train_wpgs = (devices - c.rollout_gpus) // c.train_gpus
-        rollout_devices = devices - train_wpgs * c.train_gpus
-        for i in range(count[c.name]):
-            name = f"{c.name}#{i}"
-            pools.append(make_pool(name, c.name, policy,
-                                   [(c.replica_gpus, _capacity(w, c, "rollout", c.replica_gpus))]
-                                   * (rollout_devices // c.replica_gpus),
-                                   [(c.train_gpus, _capacity(w, c, "train", c.train_gpus))] * train_wpgs))
-    return pools
+    """Seconds to swap a job's state into a WPG: its bytes per device at the host bandwidth times
+    the StateManager's measured swap efficiency (``Workload.swap_efficiency``). Only the read is
+    on the call's path: the dirty train state it replaces is written back behind it
+    (write-behind, as the StateManager does), overlapping the call."""
+    per_device = (w.weight_bytes if kind == "rollout" else w.weight_bytes + w.optimizer_bytes) * c.params_b / devices
+    return per_device / (w.h2d_gb_s * w.swap_efficiency)
 
 
 def make_pool(name: str, cls: str, policy: Policy, rollout: list[tuple[int, int]],
@@ -521,16 +503,19 @@ class PoolSimulation:
             self.push(now + stage, "host", r)
             return []
         for i, spec in enumerate(stage):
-            if spec.target == "train":
-                wpgs: tuple[str, ...] = (r.train,)
-            elif spec.target == "rollout":
-                wpgs = (r.rollout[spec.replica],)
-            else:
-                wpgs = (r.train, *r.rollout)
+            wpgs = self.call_wpgs(r, spec)
             call = r.pool.scheduler.submit(r.job.id, spec.role, spec.fn, wpgs, now, stream=_stream(i))
             self.calls[(r.pool.name, call.id)] = (r, spec.seconds, 0.0)
             r.outstanding += 1
         return [r.pool]
+
+    def call_wpgs(self, r: _Running, spec: CallSpec) -> tuple[str, ...]:
+        """The WPGs a call of ``r`` holds."""
+        if spec.target == "train":
+            return (r.train,)
+        if spec.target == "rollout":
+            return (r.rollout[spec.replica],)
+        return (r.train, *r.rollout)
 
     def end_job(self, r: _Running, now: float) -> list[Pool]:
         dr, dt = r.job.demand
@@ -561,22 +546,230 @@ class PoolSimulation:
             self.push(wake, "wake", pool)
 
 
-ADMIT_LOAD = 1.25  # a shared WPG takes jobs until their declared demand is 1.25x its time: each job may
-# run up to ~25 % slower than alone (its phases wait for the others') in exchange for capacity
+class ClusterSimulation(PoolSimulation):
+    """The shared modes on a whole cluster: the placer (``engine.scheduler.admission``) decides
+    where and when each job runs and forms and releases WPGs on the domains' devices; one scheduler
+    core per domain decides its WPGs' calls. Each finished step is reported to the placer (its
+    pace, its profile, a micro-shift). Prefetch hints overlap a swap with the WPG's running call;
+    a train state's write-back overlaps what follows (write-behind), so a switch costs its read."""
+
+    def __init__(self, mode: str, w: Workload, placer: Placer, *, sync: str = "gang",
+                 on_done: Callable[[], None] | None = None):
+        if sync not in SYNCS:
+            raise ValueError(f"sync must be one of {', '.join(SYNCS)}, got {sync!r}")
+        self.placer, self.w, self.sync = placer, w, sync
+        domains = [Pool(d, "*", Scheduler(sim_policy(w)), [], []) for d in placer.domains]
+        super().__init__(mode, domains, admit_load=placer.policy.limit, spread=True, on_done=on_done)
+        self.domain = {p.name: p for p in domains}
+        self.shapes = {c.name: job_shape(w, c) for c in w.classes}
+        self.declared = {c.name: Demand(*declared_demand(w, c)) for c in w.classes}
+        self.prefetched: dict[tuple[str, Deployment], float] = {}  # (wpg, deployment) -> when its swap began
+        self.held_s = 0.0  # device-seconds of WPGs formed, idle or not
+        self._held_since = 0.0
+        self.held_peak = 0
+        self.moves = 0
+        self.migrations = 0  # moves to another domain
+        self.migrate_s = {c.name: migrate_s(w, c) for c in w.classes}
+        self.jobs_by_id: dict[str, SimJob] = {}
+
+    def run(self, jobs: list[SimJob]) -> ModeResult:
+        for job in sorted(jobs, key=lambda j: (j.arrival, j.id)):
+            self.push(job.arrival, "arrive", job)
+        return self._loop()
+
+    def _loop(self) -> ModeResult:
+        while self.heap:
+            now, _, kind, data = heapq.heappop(self.heap)
+            self.events += 1
+            for pool in dict.fromkeys(self.handle(now, kind, data)):
+                self.decide(pool, now)
+        if self.placer.waiting or self.running:
+            raise RuntimeError(f"{self.mode}: {len(self.placer.waiting)} jobs never admitted, "
+                               f"{len(self.running)} never finished")
+        return ModeResult(self.mode, self.usage, self.finish, self.start, self.busy, switches=self.switches,
+                          switch_device_s=self.switch_ds, events=self.events, held_device_s=self.held_s)
+
+    def handle(self, now: float, kind: str, data: Any) -> list[Pool]:
+        if kind == "arrive":
+            self.placer.arrive(data.id, self.shapes[data.cls], self.declared[data.cls], now)
+            self.jobs_by_id[data.id] = data
+            return self.admit(now)
+        if kind == "resume":
+            self.begin_step(data, now)
+            return [data.pool]
+        return super().handle(now, kind, data)
+
+    def _held(self, now: float) -> None:
+        """Count the held devices' time up to ``now`` (call before the WPGs change)."""
+        held = self.placer.held_devices()
+        self.held_s += held * (now - self._held_since)
+        self._held_since = now
+
+    def admit(self, now: float) -> list[Pool]:
+        self._held(now)
+        touched = []
+        for placement in self.placer.admit(now):
+            job = self.jobs_by_id[placement.job]
+            pool = self.domain[placement.domain]
+            self._form(pool, placement)
+            r = _Running(job, pool, placement.rollout, placement.train)
+            self.running[job.id] = r
+            self.start[job.id] = now
+            self._costs(r)
+            self.begin_step(r, now)
+            touched.append(pool)
+        self.held_peak = max(self.held_peak, self.placer.held_devices())
+        return touched
+
+    def _form(self, pool: Pool, placement: Placement) -> None:
+        for slot in placement.formed:
+            pool.scheduler.add_wpg(slot.name, devices=len(slot.devices), capacity=slot.capacity, kind=slot.kind)
+
+    def _costs(self, r: _Running) -> None:
+        for (role, kind), seconds in r.job.switch_s.items():
+            for name in (r.rollout if kind == "rollout" else (r.train,)):
+                r.pool.scheduler.set_switch_cost((r.job.id, role), name, seconds)
+
+    def call_wpgs(self, r: _Running, spec: CallSpec) -> tuple[str, ...]:
+        """With ``sync="host"``, a weight sync holds the train WPG only: the trainer writes the new
+        rollout weights to the host tier, and each rollout WPG streams them in before the job's
+        next generate there (a swap, which a prefetch hint may overlap)."""
+        if spec.target != "sync" or self.sync != "host":
+            return super().call_wpgs(r, spec)
+        for name in r.rollout:
+            r.pool.scheduler.evicted(name, (r.job.id, spec.role))
+        return (r.train,)
+
+    def _release(self, pool: Pool, slots: Iterable[Slot]) -> None:
+        for slot in slots:
+            pool.scheduler.remove_wpg(slot.name)
+
+    def next_stage(self, r: _Running, now: float) -> list[Pool]:
+        if r.stage + 1 == len(r.stages) and r.step + 1 < r.job.steps:
+            return self._step_done(r, now)
+        return super().next_stage(r, now)
+
+    def _step_done(self, r: _Running, now: float) -> list[Pool]:
+        """The job's step ended (not its last): report it; apply a move and an urgency change."""
+        progress = self.placer.step_done(r.job.id, step_profile(r.stages), now)
+        touched = [r.pool]
+        old = r.pool
+        if progress.urgent is not None:
+            factor = self.placer.policy.urgent_factor if progress.urgent else 1.0
+            r.pool.scheduler.set_priority(r.job.id, factor)
+        if progress.move is not None:
+            self._held(now)
+            self.moves += 1
+            old.scheduler.forget(r.job.id)  # between steps: nothing of it is queued
+            new = self.domain[progress.move.domain]
+            self._form(new, progress.move)
+            r.pool, r.rollout, r.train = new, progress.move.rollout, progress.move.train
+            self._costs(r)
+            if self.placer.is_urgent(r.job.id):
+                new.scheduler.set_priority(r.job.id, self.placer.policy.urgent_factor)
+            self._release(old, progress.move.released)
+            touched.append(new)
+        if progress.move is not None or progress.urgent is not None:
+            touched += self.admit(now)
+        r.stage += 1
+        r.step += 1
+        if progress.move is not None and progress.move.domain != old.name:
+            self.migrations += 1
+            self.push(now + self.migrate_s[r.job.cls], "resume", r)  # its state crosses nodes first
+            return touched
+        self.begin_step(r, now)
+        return touched
+
+    def end_job(self, r: _Running, now: float) -> list[Pool]:
+        self._held(now)
+        r.pool.scheduler.forget(r.job.id)
+        self._release(r.pool, self.placer.finish(r.job.id))
+        del self.running[r.job.id]
+        self.finish[r.job.id] = now
+        if self.on_done:
+            self.on_done()
+        return [r.pool, *self.admit(now)]
+
+    def decide(self, pool: Pool, now: float) -> None:
+        sched = pool.scheduler
+        for d in sched.decide(now):
+            if not isinstance(d, Dispatch):
+                self.prefetched[(d.wpg, d.deployment)] = now  # the swap starts behind the running call
+                continue
+            r, exec_s, _ = self.calls[(pool.name, d.call.id)]
+            setup = 0.0
+            for g in d.switches:  # in parallel: the call waits for the slowest
+                cost = sched.switch_costs.get((d.call.deployment, g), 0.0)
+                began = self.prefetched.pop((g, d.call.deployment), None)
+                setup = max(setup, cost if began is None else max(0.0, cost - (now - began)))
+            self.switches += len(d.switches)
+            self.calls[(pool.name, d.call.id)] = (r, exec_s, setup)
+            self.push(now + setup + exec_s, "done", (pool, d.call.id))
+        wake = sched.next_wakeup(now)
+        if wake is not None and self.wakeups.get(pool.name) != wake:
+            self.wakeups[pool.name] = wake
+            self.push(wake, "wake", pool)
 
 
-def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admit_load: float = ADMIT_LOAD,
+def step_profile(stages: list[Stage]) -> StepProfile:
+    """A step's stages as the placer's profile: execution seconds per rollout replica, on the
+    train side and on both sides, and seconds on the host."""
+    rollout: dict[int, float] = defaultdict(float)
+    train = both = host = 0.0
+    for stage in stages:
+        if isinstance(stage, float):
+            host += stage
+            continue
+        for spec in stage:
+            if spec.target == "rollout":
+                rollout[spec.replica] += spec.seconds
+            elif spec.target == "train":
+                train += spec.seconds
+            else:
+                both += spec.seconds
+    return StepProfile(tuple(rollout[k] for k in sorted(rollout)), train, both, host)
+
+
+def migrate_s(w: Workload, c: ModelClass) -> float:
+    """Seconds to move a job's state to another domain's nodes: its train state (weights and
+    optimizer) through storage at the disk bandwidth of its train WPG's nodes (the rollout side is
+    refilled by the next weight sync)."""
+    nodes = max(1, c.train_gpus // w.node_gpus)
+    return (w.weight_bytes + w.optimizer_bytes) * c.params_b * 1e9 / (nodes * w.disk_gb_s * 1e9)
+
+
+def job_shape(w: Workload, c: ModelClass) -> JobShape:
+    return JobShape(c.name, c.rollout_gpus // c.replica_gpus, c.replica_gpus, c.train_gpus,
+                    _capacity(w, c, "rollout", c.replica_gpus), _capacity(w, c, "train", c.train_gpus))
+
+
+def cluster_domains(w: Workload, groups_per_domain: int | None = None) -> list[Domain]:
+    """The cluster's node groups in domains of ``groups_per_domain`` node groups (default: the
+    fewest whole node groups that hold the largest job's WPGs; a job's WPGs lie in one domain)."""
+    need = max(c.rollout_gpus + c.train_gpus for c in w.classes)
+    per = groups_per_domain or max(1, math.ceil(need / w.group_gpus))
+    groups = w.gpus // w.group_gpus
+    count = max(1, groups // per)
+    sizes = [per] * count
+    sizes[-1] += groups - per * count  # a remainder joins the last domain
+    return [Domain(f"d{i}", n * w.group_nodes, w.node_gpus) for i, n in enumerate(sizes)]
+
+
+def sim_admission(w: Workload, mode: str, **overrides: Any) -> AdmissionPolicy:
+    return AdmissionPolicy(**{"backfill": mode == "plexrl_backfill", **overrides})
+
+
+def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admission: dict[str, Any] | None = None,
                on_done: Callable[[], None] | None = None) -> ModeResult:
-    pools = build_pools(w, sim_policy(w))
-    result = run_pools(mode, pools, [workload_job(w, p) for p in plans], admit_load=admit_load,
-                       spread=mode == "plexrl_backfill", on_done=on_done)
-    counts: dict[str, int] = defaultdict(int)
-    for pool in pools:
-        counts[pool.cls] += 1
-    result.extra = {"pools": dict(counts), "admit_load": admit_load}
-    # the pools hold their devices from the first arrival to the last completion, idle or not
-    devices = sum(wpg.devices for pool in pools for wpg in (*pool.rollout, *pool.train))
-    result.held_device_s = devices * (max(result.finish.values()) - min(p.job.arrival for p in plans))
+    admission = dict(admission or {})
+    groups = admission.pop("groups_per_domain", None)
+    sync = admission.pop("sync", "gang")
+    policy = sim_admission(w, mode, **admission)
+    placer = Placer(cluster_domains(w, groups), policy)
+    sim = ClusterSimulation(mode, w, placer, sync=sync, on_done=on_done)
+    result = sim.run([workload_job(w, p) for p in plans])
+    result.extra = {"admission": dataclasses.asdict(policy), "sync": sync, "domains": len(placer.domains),
+                    "moves": sim.moves, "migrations": sim.migrations, "held_peak_devices": sim.held_peak}
     return result
 
 

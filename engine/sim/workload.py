@@ -84,6 +84,9 @@ class Workload:
     group_nodes: int = 8  # a node group: the unit a shared pool is carved from
     h2d_gb_s: float = 25.0  # host <-> device swap bandwidth per GPU
     disk_gb_s: float = 5.0  # disk -> host per node
+    # the shared modes' swaps run at this fraction of h2d_gb_s: the StateManager's swap-in against a
+    # plain copy of the same bytes, measured by `plexrl bench state` (192 MB of tensors: 0.87)
+    swap_efficiency: float = 0.87
     gpu_memory_gb: float = 80.0
     weight_bytes: float = 2.0  # per parameter (bf16)
     optimizer_bytes: float = 12.0  # per parameter, sharded over the train group
@@ -109,6 +112,8 @@ class Workload:
         s = asdict(self.shares)
         if abs(sum(s.values()) - 1.0) > 1e-9 or min(s.values()) < 0:
             raise ValueError(f"workload {self.name!r}: phase shares must be >= 0 and sum to 1, got {s}")
+        if not 0 < self.swap_efficiency <= 1:
+            raise ValueError(f"swap_efficiency must be in (0, 1], got {self.swap_efficiency}")
         if self.gpus % (self.node_gpus * self.group_nodes):
             raise ValueError(f"--gpus must be a multiple of a node group ({self.group_gpus} GPUs), got {self.gpus}")
         for c in self.classes:

@@ -1031,3 +1031,21 @@ def test_a_replaced_wpg_holds_no_state():
     assert s.setup_estimate(call)[1] == ()  # resident
     s.reset_wpg("w0")
     assert s.setup_estimate(call)[1] == ("w0",)  # the new group must load it again
+
+
+def test_a_wpg_is_removed_only_when_no_call_runs_or_waits_for_it():
+    s = Scheduler(Policy(max_wait_s=FAR))
+    s.add_wpg("w", kind="rollout")
+    s.add_wpg("t", kind="train")
+    call = s.submit("a", "actor", "generate", ("w",), 0.0)
+    with pytest.raises(ValueError, match="still has calls"):
+        s.remove_wpg("w")  # queued
+    assert started(s.decide(0.0)) == [call.id]
+    with pytest.raises(ValueError, match="still has calls"):
+        s.remove_wpg("w")  # running
+    s.complete(call.id, 1.0)
+    s.remove_wpg("w")
+    assert "w" not in s.wpgs
+    assert s.aligner.pools == {"train": 1}
+    with pytest.raises(KeyError):
+        s.submit("a", "actor", "generate", ("w",), 2.0)

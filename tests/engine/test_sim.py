@@ -203,7 +203,7 @@ def test_every_mode_completes_every_job_and_shared_modes_bill_near_the_floor():
         assert s["device_hours"] * 3600 >= floor * (1 - 1e-9), mode  # nobody beats the floor
         assert s["work_floor_device_hours"] * 3600 == pytest.approx(floor)
         # the provider holds at least what users are billed: a dedicated mode bills its reservations
-        # (held = billed); shared pools hold their devices from the first arrival to the last end
+        # (held = billed); a shared mode holds its WPGs from when they are formed to their release
         assert s["held_device_hours"] >= s["device_hours"] * (1 - 1e-9), mode
         assert s["held_actual_over_peak"] <= s["actual_over_peak"] + 1e-12, mode
     for mode in ("isolated_split", "async_split", "colocated"):
@@ -211,10 +211,8 @@ def test_every_mode_completes_every_job_and_shared_modes_bill_near_the_floor():
     span = {m: max(r.finish.values()) - min(p.job.arrival for p in plans) for m, r in results.items()}
     for mode in ("plexrl", "plexrl_backfill"):
         held = summarise(results[mode], plans)["held_device_hours"] * 3600
-        devices = held / span[mode]  # whole worker groups, at most the cluster, held the whole run
-        assert devices == pytest.approx(round(devices))
-        assert 0 < round(devices) <= w.gpus
-        assert held > device_seconds(results[mode].usage)  # 12 small jobs leave the pools idle at times
+        assert 0 < held <= w.gpus * span[mode]  # never more than the cluster
+        assert held > device_seconds(results[mode].usage)  # 12 small jobs leave their WPGs idle at times
     for mode in ("plexrl", "plexrl_backfill"):
         billed = device_seconds(results[mode].usage)
         assert billed == pytest.approx(floor + results[mode].switch_device_s, rel=1e-9)
@@ -265,6 +263,12 @@ def test_csv_trace_loads_and_names_the_bad_line(tmp_path):
     (["--modes", "plexrl,nope"], "unknown mode(s) nope"),
     (["--plot", "out.pdf"], "must end in .png or .svg"),
     (["--from-bench", "/nonexistent.json"], "--from-bench"),
+    (["--admission", "nope=1"], "--admission 'nope=1': expected PARAM=VALUE"),
+    (["--admission", "limit=lots"], "--admission limit: 'lots' is not a valid float"),
+    (["--admission", "limit=1.6", "--admission", "slowdown_bound=1.5"], "--admission: invalid admission policy"),
+    (["--admission", "backfill=maybe"], "--admission backfill: 'maybe' is not a valid bool"),
+    (["--admission", "groups_per_domain=0"], "groups_per_domain: must be >= 1"),
+    (["--sync", "later"], "invalid choice: 'later'"),
 ])
 def test_cli_bad_input_is_one_line_and_status_2(argv, message):
     p = subprocess.run([sys.executable, "-m", "plexrl", "sim", *argv], cwd=ROOT, capture_output=True, text=True,
@@ -292,6 +296,9 @@ def test_cli_runs_a_small_cluster_with_json_and_a_plot(tmp_path):
     assert report["sim_wall_seconds"] > 0
     assert report["parameters"]["steps_max"] == 3
     assert report["parameters"]["gpus"] == 512
+    for mode in ("plexrl", "plexrl_backfill"):
+        assert report["modes"][mode]["admission"]["slowdown_bound"] == 1.5
+        assert report["modes"][mode]["sync"] == "gang"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
