@@ -52,7 +52,7 @@ import numpy as np
 
 from engine.accounting.metering import UsageRecord, device_seconds
 from engine.scheduler.admission import AdmissionPolicy, Demand, Domain, JobShape, Placement, Placer, Slot, StepProfile
-from engine.scheduler.core import STEP, Deployment, Dispatch, Policy, Scheduler
+from engine.scheduler.core import STEP, Deployment, Dispatch, Policy, Prefetch, Scheduler
 from engine.scheduler.placement import assign_wpgs
 from engine.sim.workload import ModelClass, StepPlan, Workload, isolated_step_mean_s
 from engine.support.collector import collector_paused
@@ -518,10 +518,7 @@ class PoolSimulation:
         return (r.train, *r.rollout)
 
     def end_job(self, r: _Running, now: float) -> list[Pool]:
-        dr, dt = r.job.demand
-        for name in r.rollout:
-            self.wpg_of[name].load -= dr
-        self.wpg_of[r.train].load -= dt
+        self.leave(r, now)
         r.pool.scheduler.forget(r.job.id)
         del self.running[r.job.id]
         self.finish[r.job.id] = now
@@ -529,14 +526,22 @@ class PoolSimulation:
             self.on_done()
         return [r.pool, *self.admit(now)]
 
+    def leave(self, r: _Running, now: float) -> None:
+        """The ended job's load leaves its pool's WPGs."""
+        dr, dt = r.job.demand
+        for name in r.rollout:
+            self.wpg_of[name].load -= dr
+        self.wpg_of[r.train].load -= dt
+
     def decide(self, pool: Pool, now: float) -> None:
         sched = pool.scheduler
         for d in sched.decide(now):
             if not isinstance(d, Dispatch):
-                continue  # a prefetch hint: the model charges every swap at dispatch, none overlapped
+                self.hint(d, now)
+                continue
             r, exec_s, _ = self.calls[(pool.name, d.call.id)]
             # the WPGs swap in parallel; the call holds all of its WPGs through the slowest swap
-            setup = max((sched.switch_costs.get((d.call.deployment, g), 0.0) for g in d.switches), default=0.0)
+            setup = max((self.swap_s(sched, d, g, now) for g in d.switches), default=0.0)
             self.switches += len(d.switches)
             self.calls[(pool.name, d.call.id)] = (r, exec_s, setup)
             self.push(now + setup + exec_s, "done", (pool, d.call.id))
@@ -544,6 +549,13 @@ class PoolSimulation:
         if wake is not None and self.wakeups.get(pool.name) != wake:
             self.wakeups[pool.name] = wake
             self.push(wake, "wake", pool)
+
+    def hint(self, hint: Prefetch, now: float) -> None:
+        """A prefetch hint: fixed pools charge every swap in full at dispatch (none overlapped)."""
+
+    def swap_s(self, sched: Scheduler, d: Dispatch, wpg: str, now: float) -> float:
+        """Seconds ``d``'s call waits for its state to swap into ``wpg``."""
+        return sched.switch_costs.get((d.call.deployment, wpg), 0.0)
 
 
 class ClusterSimulation(PoolSimulation):
@@ -680,35 +692,19 @@ class ClusterSimulation(PoolSimulation):
         self.begin_step(r, now)
         return touched
 
-    def end_job(self, r: _Running, now: float) -> list[Pool]:
+    def leave(self, r: _Running, now: float) -> None:
+        """The ended job leaves the placer; the WPGs it leaves empty are released."""
         self._held(now)
-        r.pool.scheduler.forget(r.job.id)
         self._release(r.pool, self.placer.finish(r.job.id))
-        del self.running[r.job.id]
-        self.finish[r.job.id] = now
-        if self.on_done:
-            self.on_done()
-        return [r.pool, *self.admit(now)]
 
-    def decide(self, pool: Pool, now: float) -> None:
-        sched = pool.scheduler
-        for d in sched.decide(now):
-            if not isinstance(d, Dispatch):
-                self.prefetched[(d.wpg, d.deployment)] = now  # the swap starts behind the running call
-                continue
-            r, exec_s, _ = self.calls[(pool.name, d.call.id)]
-            setup = 0.0
-            for g in d.switches:  # in parallel: the call waits for the slowest
-                cost = sched.switch_costs.get((d.call.deployment, g), 0.0)
-                began = self.prefetched.pop((g, d.call.deployment), None)
-                setup = max(setup, cost if began is None else max(0.0, cost - (now - began)))
-            self.switches += len(d.switches)
-            self.calls[(pool.name, d.call.id)] = (r, exec_s, setup)
-            self.push(now + setup + exec_s, "done", (pool, d.call.id))
-        wake = sched.next_wakeup(now)
-        if wake is not None and self.wakeups.get(pool.name) != wake:
-            self.wakeups[pool.name] = wake
-            self.push(wake, "wake", pool)
+    def hint(self, hint: Prefetch, now: float) -> None:
+        self.prefetched[(hint.wpg, hint.deployment)] = now  # the swap starts behind the running call
+
+    def swap_s(self, sched: Scheduler, d: Dispatch, wpg: str, now: float) -> float:
+        """What is left of the swap: all of it, or less the time since its prefetch hint."""
+        cost = super().swap_s(sched, d, wpg, now)
+        began = self.prefetched.pop((wpg, d.call.deployment), None)
+        return cost if began is None else max(0.0, cost - (now - began))
 
 
 def step_profile(stages: list[Stage]) -> StepProfile:
