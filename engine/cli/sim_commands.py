@@ -50,7 +50,7 @@ def _overrides(items: list[str], fields: dict[str, Any], *, flag: str = "--set")
         if not sep or key not in fields or key in ("name", "classes", "shares"):
             settable = sorted(k for k in fields if k not in ("name", "classes", "shares"))
             raise CliError(f"{flag} {item!r}: expected PARAM=VALUE with PARAM one of {', '.join(settable)}")
-        kind = type(fields[key])
+        kind = float if fields[key] is None else type(fields[key])  # None: an optional number
         try:
             out[key] = _parse(kind, raw)
         except ValueError:

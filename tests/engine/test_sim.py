@@ -260,6 +260,7 @@ def test_csv_trace_loads_and_names_the_bad_line(tmp_path):
     (["--gpus", "100"], "multiple of a node group"),
     (["--set", "bogus=1"], "expected PARAM=VALUE"),
     (["--set", "load=high"], "not a valid float"),
+    (["--set", "arrivals_per_s=often"], "--set arrivals_per_s: 'often' is not a valid float"),
     (["--modes", "plexrl,nope"], "unknown mode(s) nope"),
     (["--plot", "out.pdf"], "must end in .png or .svg"),
     (["--from-bench", "/nonexistent.json"], "--from-bench"),
