@@ -272,6 +272,7 @@ class Placer:
         self._names = 0
         self._refused = False  # the last admission left a job waiting that fits nowhere
         self._released = 0  # WPGs released so far
+        self._held = 0  # devices in formed WPGs
 
     # -- inputs -------------------------------------------------------------------------------
     def arrive(self, job: str, shape: JobShape, declared: Demand, now: float) -> None:
@@ -308,10 +309,10 @@ class Placer:
             for other in self.waiting:
                 if self.jobs[other].order < job.order:
                     self._passed(self.jobs[other])
-            out.append(self._apply(job, option, job.demand, now))
+            out.append(self._apply(job, option, job.demand))
             job.phase, job.admitted, job.alone_s = "profile", now, 0.0
             self.waiting.remove(name)
-            self.reserved = {d: j for d, j in self.reserved.items() if j != name}
+            self._unreserve(name)
         return out
 
     def step_done(self, job: str, profile: StepProfile, now: float) -> Progress:
@@ -324,16 +325,14 @@ class Placer:
         urgent = self._urgency(j, now)
         if j.phase != "profile":
             if self._refused:
-                move = self._consolidate(j, now)
-            else:
-                move = self._spread_out(j, now) if not self.waiting else None
-            return Progress(move, urgent)
+                return Progress(self._consolidate(j), urgent)
+            return Progress(None if self.waiting else self._spread_out(j), urgent)
         j.steps.append(profile)
         if len(j.steps) < self.policy.profile_steps:
             return Progress(None, urgent)
         j.phase = "placed"
         measured = measure_demand(j.steps)
-        move = self._shift(j, measured, now)
+        move = self._shift(j, measured)
         return Progress(move, urgent)
 
     def finish(self, job: str) -> list[Slot]:
@@ -341,7 +340,7 @@ class Placer:
         j = self.jobs.pop(job)
         if j.placed is None:
             self.waiting.remove(job)
-            self.reserved = {d: n for d, n in self.reserved.items() if n != job}
+            self._unreserve(job)
             return []
         return self._leave(j)
 
@@ -353,12 +352,15 @@ class Placer:
         return self.jobs[job].placed
 
     def held_devices(self) -> int:
-        return sum(len(s.devices) for s in self.slots.values())
+        return self._held
 
     def is_urgent(self, job: str) -> bool:
         return self.jobs[job].urgent
 
     # -- the policy ---------------------------------------------------------------------------
+    def _unreserve(self, job: str) -> None:
+        self.reserved = {d: j for d, j in self.reserved.items() if j != job}
+
     def _reservation_of(self, job: str) -> str | None:
         return next((d for d, j in self.reserved.items() if j == job), None)
 
@@ -440,17 +442,17 @@ class Placer:
         slot = Slot(f"{domain.name}/{kind[0]}{self._names}", domain.name, kind, shape.affinity, devices,
                     shape.capacity(kind))
         domain.take(devices)
+        self._held += len(devices)
         self.slots[slot.name] = slot
         self._index.setdefault((domain.name, kind, shape.affinity, len(devices)), {})[slot.name] = slot
         return slot
 
-    def _apply(self, job: _Job, option: _Option, demand: Demand, now: float) -> Placement:
+    def _apply(self, job: _Job, option: _Option, demand: Demand) -> Placement:
         """Put ``job`` where ``option`` says (forming its fresh WPGs), leaving where it was."""
         domain = self.domains[option.domain]
         before = job.placed
         if before is not None:
-            for name in (*before.rollout, before.train):
-                self.slots[name].jobs.pop(job.name, None)
+            self._detach(job)
         fresh = iter(option.devices)
         formed = []
         rollout = []
@@ -479,19 +481,28 @@ class Placer:
             slot = self.slots[name]
             if not slot.jobs:
                 self._released += 1
+                self._held -= len(slot.devices)
                 del self.slots[name]
                 del self._index[(slot.domain, slot.kind, slot.affinity, len(slot.devices))][name]
                 self.domains[slot.domain].give_back(slot.devices)
                 out.append(slot)
         return tuple(out)
 
-    def _leave(self, job: _Job) -> list[Slot]:
-        placed = job.placed
-        for name in (*placed.rollout, placed.train):
+    def _detach(self, job: _Job) -> None:
+        """``job`` no longer uses the WPGs it was placed on (they stay, maybe empty)."""
+        for name in (*job.placed.rollout, job.placed.train):
             self.slots[name].jobs.pop(job.name, None)
-        return list(self._release(placed))
 
-    def _shift(self, job: _Job, measured: Demand, now: float) -> Placement | None:
+    def _leave(self, job: _Job) -> list[Slot]:
+        self._detach(job)
+        return list(self._release(job.placed))
+
+    def _releases(self, job: _Job, option: _Option) -> bool:
+        """Whether moving ``job`` as ``option`` says would leave one of its WPGs empty."""
+        target = {*option.rollout, option.train}
+        return any(len(self.slots[n].jobs) == 1 and n not in target for n in (*job.placed.rollout, job.placed.train))
+
+    def _shift(self, job: _Job, measured: Demand) -> Placement | None:
         """Phase 2: the measured demand replaces the declared one where the job is; while jobs
         wait for room, it moves to the fullest WPGs that take it if that releases WPGs (or if
         where it is now breaks the limit)."""
@@ -508,14 +519,13 @@ class Placer:
         option = self._best(job, measured, pack=True)
         if option is None or (option.devices and not over):
             return None  # a move must release devices, not take more
-        target = {*option.rollout, option.train}
-        if target == {*placed.rollout, placed.train}:
+        if {*option.rollout, option.train} == {*placed.rollout, placed.train}:
             return None
-        if not over and all(len(s.jobs) > 1 or s.name in target for s in own):
+        if not over and not self._releases(job, option):
             return None  # it would release nothing
-        return self._apply(job, option, measured, now)
+        return self._apply(job, option, measured)
 
-    def _consolidate(self, job: _Job, now: float) -> Placement | None:
+    def _consolidate(self, job: _Job) -> Placement | None:
         """Move ``job`` onto the fullest WPGs that take it (no fresh ones), if it is alone on one
         of its WPGs and the move releases that one."""
         placed = job.placed
@@ -523,14 +533,11 @@ class Placer:
         if not any(len(s.jobs) == 1 for s in own):
             return None
         option = self._best(job, job.demand, pack=True, fresh=False)
-        if option is None:
+        if option is None or not self._releases(job, option):
             return None
-        target = {*option.rollout, option.train}
-        if all(len(s.jobs) > 1 or s.name in target for s in own):
-            return None
-        return self._apply(job, option, job.demand, now)
+        return self._apply(job, option, job.demand)
 
-    def _spread_out(self, job: _Job, now: float) -> Placement | None:
+    def _spread_out(self, job: _Job) -> Placement | None:
         """With nobody waiting, a job that shares a WPG moves to fresh WPGs of its own (it then
         runs as alone); checked again only after WPGs were released somewhere."""
         if job.checked == self._released:
@@ -542,7 +549,7 @@ class Placer:
         option = self._best(job, job.demand, pack=False)
         if option is None or any(name is not None for name in option.rollout) or option.train is not None:
             return None  # only a wholly fresh set runs it as alone
-        return self._apply(job, option, job.demand, now)
+        return self._apply(job, option, job.demand)
 
     def _urgency(self, job: _Job, now: float) -> bool | None:
         """The job's pace against the slowdown bound: whether its urgency changed, and to what."""

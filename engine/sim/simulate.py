@@ -399,19 +399,30 @@ class PoolSimulation:
 
     def run(self, jobs: list[SimJob]) -> ModeResult:
         for job in sorted(jobs, key=lambda j: (j.arrival, j.id)):
-            if not self.by_class[job.cls]:
-                raise ValueError(f"no pool hosts class {job.cls}")
+            self.check(job)
             self.push(job.arrival, "arrive", job)
         while self.heap:
             now, _, kind, data = heapq.heappop(self.heap)
             self.events += 1
             for pool in dict.fromkeys(self.handle(now, kind, data)):
                 self.decide(pool, now)
-        if self.queue or self.running:
-            raise RuntimeError(f"{self.mode}: {len(self.queue)} jobs never admitted, "
+        if self.waiting() or self.running:
+            raise RuntimeError(f"{self.mode}: {self.waiting()} jobs never admitted, "
                                f"{len(self.running)} never finished")
         return ModeResult(self.mode, self.usage, self.finish, self.start, self.busy, switches=self.switches,
-                          switch_device_s=self.switch_ds, events=self.events)
+                          switch_device_s=self.switch_ds, events=self.events, held_device_s=self.held_device_s())
+
+    def check(self, job: SimJob) -> None:
+        """Refuse, before the run, a job no pool can host."""
+        if not self.by_class[job.cls]:
+            raise ValueError(f"no pool hosts class {job.cls}")
+
+    def waiting(self) -> int:
+        return len(self.queue)
+
+    def held_device_s(self) -> float | None:
+        """Device-seconds the pools held (None: not counted)."""
+        return None
 
     def handle(self, now: float, kind: str, data: Any) -> list[Pool]:
         """Apply one event; returns the pools whose scheduler must decide again."""
@@ -584,22 +595,14 @@ class ClusterSimulation(PoolSimulation):
         self.migrate_s = {c.name: migrate_s(w, c) for c in w.classes}
         self.jobs_by_id: dict[str, SimJob] = {}
 
-    def run(self, jobs: list[SimJob]) -> ModeResult:
-        for job in sorted(jobs, key=lambda j: (j.arrival, j.id)):
-            self.push(job.arrival, "arrive", job)
-        return self._loop()
+    def check(self, job: SimJob) -> None:
+        """The placer refuses, at its arrival, a job no domain could hold."""
 
-    def _loop(self) -> ModeResult:
-        while self.heap:
-            now, _, kind, data = heapq.heappop(self.heap)
-            self.events += 1
-            for pool in dict.fromkeys(self.handle(now, kind, data)):
-                self.decide(pool, now)
-        if self.placer.waiting or self.running:
-            raise RuntimeError(f"{self.mode}: {len(self.placer.waiting)} jobs never admitted, "
-                               f"{len(self.running)} never finished")
-        return ModeResult(self.mode, self.usage, self.finish, self.start, self.busy, switches=self.switches,
-                          switch_device_s=self.switch_ds, events=self.events, held_device_s=self.held_s)
+    def waiting(self) -> int:
+        return len(self.placer.waiting)
+
+    def held_device_s(self) -> float | None:
+        return self.held_s
 
     def handle(self, now: float, kind: str, data: Any) -> list[Pool]:
         if kind == "arrive":
