@@ -140,11 +140,21 @@ class Slot:
     affinity: str
     devices: tuple[tuple[int, int], ...]  # (node, device) within the domain
     capacity: int
-    jobs: dict[str, float] = field(default_factory=dict)  # job -> its demand here
+    jobs: dict[str, float] = field(default_factory=dict)  # job -> its demand here (change it with put / drop)
+    _load: float = field(default=0.0, init=False, repr=False)
 
     @property
     def load(self) -> float:
-        return sum(self.jobs.values())
+        """The sum of its jobs' demands (kept as they change: the placer reads it far more often)."""
+        return self._load
+
+    def put(self, job: str, demand: float) -> None:
+        self.jobs[job] = demand
+        self._load = sum(self.jobs.values())
+
+    def drop(self, job: str) -> None:
+        self.jobs.pop(job, None)
+        self._load = sum(self.jobs.values())
 
 
 @dataclass(frozen=True)
@@ -466,8 +476,8 @@ class Placer:
             formed.append(self._form(domain, "train", job.shape, next(fresh)))
             train = formed[-1].name
         for name in rollout:
-            self.slots[name].jobs[job.name] = demand.rollout
-        self.slots[train].jobs[job.name] = demand.train
+            self.slots[name].put(job.name, demand.rollout)
+        self.slots[train].put(job.name, demand.train)
         released = self._release(before) if before is not None else ()
         job.demand = demand
         job.placed = Placement(job.name, domain.name, tuple(rollout), train, tuple(formed), released,
@@ -491,7 +501,7 @@ class Placer:
     def _detach(self, job: _Job) -> None:
         """``job`` no longer uses the WPGs it was placed on (they stay, maybe empty)."""
         for name in (*job.placed.rollout, job.placed.train):
-            self.slots[name].jobs.pop(job.name, None)
+            self.slots[name].drop(job.name)
 
     def _leave(self, job: _Job) -> list[Slot]:
         self._detach(job)
@@ -509,8 +519,8 @@ class Placer:
         placed = job.placed
         job.demand = measured
         for name in placed.rollout:
-            self.slots[name].jobs[job.name] = measured.rollout
-        self.slots[placed.train].jobs[job.name] = measured.train
+            self.slots[name].put(job.name, measured.rollout)
+        self.slots[placed.train].put(job.name, measured.train)
         own = [self.slots[n] for n in (*placed.rollout, placed.train)]
         over = any(s.load > self.policy.limit + 1e-9 for s in own)
         alone = any(len(s.jobs) == 1 for s in own)

@@ -50,6 +50,7 @@ Rules (docs/architecture.md §4):
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -194,8 +195,16 @@ class Scheduler:
         self._next_seq: dict[tuple[str, str], int] = {}
         self._pending: dict[tuple[str, str], dict[int, int]] = {}  # stream -> {seq: call id}
         self._ready: dict[tuple[str, str], int] = {}  # stream -> its next call's id, while that one is queued
-        self._marks = 0  # how many of those are step marks
         self._ready_at: dict[int, float] = {}  # call id -> when it became the next of its stream
+        # the same calls indexed for ``decide``, which then looks only at those that may start: step
+        # marks; the others by each WPG they need; and by age, for the ones that became overdue
+        self._ready_marks: dict[int, Call] = {}
+        self._ready_on: dict[str, dict[int, Call]] = {}  # WPG -> ready calls that need it
+        self._by_age: list[tuple[float, int]] = []  # heap of (submitted, id); entries of calls gone are skipped
+        self._overdue: dict[int, Call] = {}  # ready calls found overdue (re-checked against each decision's now)
+        # ready calls that may have every WPG free: made ready, or a WPG of theirs freed, since the
+        # last decision, or all free then and not started (held, paused, delayed, out of budget)
+        self._maybe: dict[int, Call] = {}
         self._free: set[str] = set()  # WPGs running nothing
         self._next_id = 1
         self.aligner = Aligner(profile_steps=self.policy.profile_steps, max_delay_s=self.policy.max_start_delay_s,
@@ -267,6 +276,8 @@ class Scheduler:
             wpg = self.wpgs[name]
             wpg.running = None
             self._free.add(name)
+            if waiting := self._ready_on.get(name):
+                self._maybe.update(waiting)
             records.append(UsageRecord(job=call.job, role=call.role, fn=call.fn, wpg=name, devices=wpg.devices,
                                        start=dispatch.at, end=now, setup_s=setup_s, exec_s=exec_s, call=call_id,
                                        tenant=call.tenant, queued_s=dispatch.queued_s))
@@ -355,7 +366,8 @@ class Scheduler:
 
     def _take_marks(self, now: float) -> None:
         """Consume the step marks at the head of their streams: each starts the job's next step."""
-        while self._marks and (marks := sorted((c for c in self.eligible() if c.fn == STEP), key=lambda c: c.id)):
+        while self._ready_marks and (marks := sorted(
+                (c for c in self._ready_marks.values() if c.job not in self.paused), key=lambda c: c.id)):
             for call in marks:
                 self._take(call)
                 self._retire(call, now)
@@ -368,15 +380,34 @@ class Scheduler:
     def _take(self, call: Call) -> None:
         """``call`` leaves the queue (it starts, or it is a mark consumed)."""
         del self.queue[call.id]
-        del self._ready[call.stream]
-        self._marks -= call.fn == STEP
-        self._ready_at.pop(call.id, None)
+        self._unready(call)
 
     def _make_ready(self, call: Call, now: float) -> None:
         """``call`` is queued and, from ``now``, the next of its stream."""
         self._ready[call.stream] = call.id
-        self._marks += call.fn == STEP
         self._ready_at[call.id] = now
+        if call.fn == STEP:
+            self._ready_marks[call.id] = call
+            return
+        for w in call.wpgs:
+            self._ready_on.setdefault(w, {})[call.id] = call
+        self._maybe[call.id] = call
+        heapq.heappush(self._by_age, (call.submitted, call.id))
+
+    def _unready(self, call: Call) -> None:
+        """``call``, the next of its stream, leaves the queue (started, consumed or dropped)."""
+        del self._ready[call.stream]
+        del self._ready_at[call.id]
+        if call.fn == STEP:
+            del self._ready_marks[call.id]
+            return
+        self._overdue.pop(call.id, None)
+        self._maybe.pop(call.id, None)
+        for w in call.wpgs:
+            waiting = self._ready_on[w]
+            del waiting[call.id]
+            if not waiting:
+                del self._ready_on[w]
 
     def _retire(self, call: Call, now: float) -> None:
         """``call`` is done: the next call of its stream may start."""
@@ -447,18 +478,19 @@ class Scheduler:
         """Start every call that can start now, best first; then one prefetch hint per WPG that
         just got work, for its next likely call.
 
-        Only calls whose WPGs are all free, and overdue calls (which hold the WPGs they wait for),
-        can change what starts; the others are not ranked at all (the decisions are the same as
-        ranking every eligible call and skipping those that cannot start)."""
+        Only eligible calls whose WPGs are all free, and overdue ones (which hold the WPGs they
+        wait for), can change what starts; the others are not ranked, nor even looked at (the
+        decisions are the same as ranking every eligible call and skipping those that cannot
+        start)."""
         decisions: list[Dispatch | Prefetch] = []
         held: set[str] = set()  # WPGs kept free for an overdue call that waits for others
         self._take_marks(now)
         if not self._free:
             return decisions  # nothing can start (and nothing started, so no hint is due)
-        eligible = self.eligible(now)
-        overdue = now - self.policy.max_wait_s
+        # whether each tenant with a budget may start a call, as the decision begins
+        affordable = {t: self._affordable(t) for t in self.budgets} if self.budgets else {}
         # ranked before anything starts, so the WPGs free now are those the filter must see
-        candidates = [c for c in eligible if c.submitted <= overdue or self._free.issuperset(c.wpgs)]
+        candidates = [c for c in self._startable(now) if self._eligible(c, now, affordable)]
         setups = {c.id: self.setup_estimate(c) for c in candidates}
         beyond = self._fair_share(candidates)
         started: list[str] = []
@@ -488,19 +520,44 @@ class Scheduler:
             self.running[call.id] = dispatch
             decisions.append(dispatch)
             started.extend(call.wpgs)
-        if started:
-            by_wpg: dict[str, list[Call]] = {}
-            for c in eligible:
-                if c.id in self.queue:
-                    by_wpg.setdefault(c.wpgs[0], []).append(c)
-            for name in started:
-                waiting = by_wpg.get(name)
-                if not waiting:
-                    continue
-                nxt = min(waiting, key=lambda c: self._key(c, now, self.setup_estimate(c), beyond))
-                if not self.wpgs[name].is_resident(nxt.deployment):
-                    decisions.append(Prefetch(name, nxt.deployment))
+        for name in started:
+            # the WPG's next likely call: the best eligible one still queued that it executes
+            waiting = [c for c in self._executes_on(name) if self._eligible(c, now, affordable)]
+            if not waiting:
+                continue
+            nxt = min(waiting, key=lambda c: self._key(c, now, self.setup_estimate(c), beyond))
+            if not self.wpgs[name].is_resident(nxt.deployment):
+                decisions.append(Prefetch(name, nxt.deployment))
         return decisions
+
+    def _startable(self, now: float) -> list[Call]:
+        """Ready calls (not step marks) whose WPGs are all free now, and those overdue. The first
+        are among ``_maybe``: a call's WPGs can only all be free if it became ready, or one of
+        them was freed, since the last decision, or they all were free then."""
+        free = self._free
+        found = {call_id: call for call_id, call in self._maybe.items()
+                 if (call.wpgs[0] in free if len(call.wpgs) == 1 else free.issuperset(call.wpgs))}
+        self._maybe = dict(found)  # the others wait for a WPG of theirs to be freed
+        cutoff = now - self.policy.max_wait_s
+        ages = self._by_age
+        while ages and ages[0][0] <= cutoff:
+            _, call_id = heapq.heappop(ages)
+            if call_id in self._ready_at:
+                self._overdue[call_id] = self.queue[call_id]
+        for call_id, call in self._overdue.items():
+            if call.submitted <= cutoff:
+                found[call_id] = call
+        return list(found.values())
+
+    def _executes_on(self, wpg: str) -> list[Call]:
+        """Ready calls (not step marks) that ``wpg`` would execute (their first WPG)."""
+        return [c for c in self._ready_on.get(wpg, {}).values() if c.wpgs[0] == wpg]
+
+    def _eligible(self, call: Call, now: float, affordable: dict[str, bool]) -> bool:
+        """Whether ready ``call`` may start now (as ``eligible(now)`` says, with the budgets as
+        ``affordable`` recorded them)."""
+        return (call.job not in self.paused and self.not_before.get(call.job, now) <= now
+                and affordable.get(call.tenant, True))
 
     def abandon(self, job: str) -> list[int]:
         """The job's driver is gone (a new one will submit its calls afresh, in a new stream): drop
@@ -513,9 +570,7 @@ class Scheduler:
                 if call is None:
                     continue  # running
                 if self._ready.get(key) == call_id:
-                    del self._ready[key]
-                    self._marks -= call.fn == STEP
-                self._ready_at.pop(call_id, None)
+                    self._unready(call)
                 del pending[seq]
                 dropped.append(call_id)
             if not pending:

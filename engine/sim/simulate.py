@@ -404,7 +404,8 @@ class PoolSimulation:
         while self.heap:
             now, _, kind, data = heapq.heappop(self.heap)
             self.events += 1
-            for pool in dict.fromkeys(self.handle(now, kind, data)):
+            touched = self.handle(now, kind, data)
+            for pool in (touched if len(touched) < 2 else dict.fromkeys(touched)):
                 self.decide(pool, now)
         if self.waiting() or self.running:
             raise RuntimeError(f"{self.mode}: {self.waiting()} jobs never admitted, "
@@ -556,7 +557,7 @@ class PoolSimulation:
             self.switches += len(d.switches)
             self.calls[(pool.name, d.call.id)] = (r, exec_s, setup)
             self.push(now + setup + exec_s, "done", (pool, d.call.id))
-        wake = sched.next_wakeup(now)
+        wake = sched.next_wakeup(now) if sched.not_before else None
         if wake is not None and self.wakeups.get(pool.name) != wake:
             self.wakeups[pool.name] = wake
             self.push(wake, "wake", pool)

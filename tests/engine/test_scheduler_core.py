@@ -651,14 +651,14 @@ class Trace:
 COMPLETE, TOGGLE, SUBMIT = 0, 1, 2  # at equal times: completions, then pause/resume, then submissions
 
 
-def simulate(sc: Scenario, *, drain: bool = False) -> Trace:
+def simulate(sc: Scenario, *, drain: bool = False, scheduler: type[Scheduler] = Scheduler) -> Trace:
     """Drive a fresh Scheduler through ``sc`` on a virtual clock, ``decide`` after every event.
 
     Events at equal times go completions first, then pause/resume, then submissions, each kind in
     the order it was scheduled (a global sequence number): fully deterministic. A dispatched call
     completes at dispatch time + its duration. ``drain``: when no event is left, resume the jobs
     still paused and run on until everything completed."""
-    s = Scheduler(sc.policy())
+    s = scheduler(sc.policy())
     for name, capacity, devices in sc.wpgs:
         s.add_wpg(name, devices=devices, capacity=capacity)
     for tenant, weight in sc.weights:
@@ -908,6 +908,30 @@ def test_same_events_same_decisions(sc: Scenario):
     assert drained_one.records == drained_two.records
     # draining only adds what happens after the last event
     assert drained_one.decisions[: len(one.decisions)] == one.decisions
+
+
+class Unindexed(Scheduler):
+    """The rule ``decide`` implements, without its indexes: every ready call is looked at."""
+
+    def _ready_calls(self) -> list[Call]:
+        return [c for c in (self.queue[i] for i in self._ready.values()) if c.fn != STEP]
+
+    def _startable(self, now: float) -> list[Call]:
+        cutoff = now - self.policy.max_wait_s
+        return [c for c in self._ready_calls() if c.submitted <= cutoff or self._free.issuperset(c.wpgs)]
+
+    def _executes_on(self, wpg: str) -> list[Call]:
+        return [c for c in self._ready_calls() if c.wpgs[0] == wpg]
+
+
+@PROPERTY_SETTINGS
+@given(scenarios())
+def test_decide_looks_only_where_a_call_may_start_and_decides_as_if_it_ranked_all(sc: Scenario):
+    """The indexes (calls by WPG, those that may have every WPG free, by age) change nothing."""
+    for drain in (False, True):
+        indexed, scanned = simulate(sc, drain=drain), simulate(sc, drain=drain, scheduler=Unindexed)
+        assert indexed.decisions == scanned.decisions
+        assert indexed.records == scanned.records
 
 
 @PROPERTY_SETTINGS
