@@ -221,6 +221,9 @@ def add_engine_service(sub: argparse._SubParsersAction) -> None:
         c = esub.add_parser(name, help=help_text)
         c.add_argument("--address", default=None,
                        help="the Ray cluster to join (default: $RAY_ADDRESS; start one with `ray start --head`)")
+        if name != "stop":
+            c.add_argument("--json", action="store_true",
+                           help="print the whole snapshot as JSON (nodes, wpgs, jobs, scheduler counters)")
         c.set_defaults(func=cmd_engine_service)
 
 
@@ -244,9 +247,30 @@ def cmd_engine_service(args: argparse.Namespace) -> int:
     if args.engine_command == "stop":
         client.shutdown()
         print("engine service stopped")
-    else:
+    elif args.json:
         print(json.dumps(client.cluster_snapshot(), indent=2, default=str))
+    else:
+        print(format_snapshot(client.cluster_snapshot()))
     return 0
+
+
+def format_snapshot(snap: dict) -> str:
+    """The engine's nodes, worker groups and jobs as tables (ids cut to 12 characters)."""
+    from engine.cli.platform_commands import format_table
+
+    def short(node_id: str | None) -> str:
+        return (node_id or "-")[:12]
+
+    nodes = format_table(("node", "node group", "devices", "free"),
+                         [(short(n["id"]), short(n["node_group"]), n["devices"], f"{n['free_devices']:g}")
+                          for n in snap.get("nodes", [])], right=(2, 3))
+    wpgs = format_table(("wpg", "node", "side", "backend", "devices", "models", "resident jobs"),
+                        [(w["name"], short(w["node"]), w["side"], w["backend"], f"{w['devices']:g}",
+                          ",".join(w["models"]) or "-", ",".join(w["resident_jobs"]) or "-")
+                         for w in snap.get("wpgs", [])], right=(4,))
+    jobs = format_table(("job", "state"), sorted(snap.get("jobs", {}).items()))
+    wpgs = wpgs if snap.get("wpgs") else "no worker group yet"
+    return f"{nodes}\n\n{wpgs}\n\n{jobs if snap.get('jobs') else 'no job'}"
 
 
 def add_engine_commands(sub: argparse._SubParsersAction) -> None:

@@ -307,6 +307,8 @@ class SchedulerService:
             "prefetches": self.prefetches,
             "socket_calls": self.socket_calls,
             "estimates": {f"{j}/{fn}": v for (j, fn), v in self.core.estimates.items()},
+            # jobs whose state the scheduler last put on each WPG's devices (least recently used first)
+            "resident": {name: list(dict.fromkeys(job for job, _ in w.resident)) for name, w in self.core.wpgs.items()},
         }
 
 

@@ -214,11 +214,29 @@ class EngineService:
         return self.status(job_id)
 
     def cluster_snapshot(self) -> dict[str, Any]:
+        """The groups, jobs and scheduler counters; the cluster's ``nodes`` as Ray reports them
+        now (with the device slots the groups leave free) and the ``wpgs`` placed on them."""
+        from engine.service.cluster import architecture, node_usage, read_nodes
+
         stats = ray.get(self._scheduler().stats.remote()) if self.groups else {}
+        resident = stats.get("resident", {})
+        models: dict[str, set[str]] = {}  # group name -> models of the running jobs that use it
+        for spec, _ in self.jobs.values():
+            for key in self._group_keys(spec):
+                if key in self.groups:
+                    models.setdefault(self.groups[key].name, set()).add(spec.model)
+        per_rank = [(node, g.devices / len(g.ranks)) for g in self.groups.values() for node in g.nodes]
         return {
             "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
                         "devices": self.config.devices_per_group, "max_resident": self.config.max_resident}
                        for (side, kind, ranks), g in sorted(self.groups.items())],
+            "nodes": node_usage(read_nodes(), per_rank),
+            "wpgs": [{"name": g.name, "node": g.nodes[0] if g.nodes else None, "rank_nodes": list(g.nodes),
+                      "side": side, "backend": kind, "models": sorted(models.get(g.name, ())),
+                      "architectures": sorted({a for m in models.get(g.name, ()) if (a := architecture(m))}),
+                      "devices": g.devices,
+                      "resident_jobs": [j for j in resident.get(g.name, []) if j in self.jobs]}
+                     for (side, kind, _), g in sorted(self.groups.items())],
             "jobs": {job: self.status(job).get("state") for job in sorted(self.drivers)},
             "scheduler": stats,
         }

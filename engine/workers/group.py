@@ -212,7 +212,8 @@ class WorkerRank:
 
     def info(self) -> dict[str, Any]:
 
-        return {"pid": os.getpid(), "threads": torch.get_num_threads(), "rank": self.rank}
+        return {"pid": os.getpid(), "threads": torch.get_num_threads(), "rank": self.rank,
+                "node": ray.get_runtime_context().get_node_id()}
 
     def ping(self) -> None:
         return None
@@ -228,6 +229,7 @@ class WorkerGroup:
     serves: frozenset[str]
     devices: float = 1.0  # device slots the group holds (ranks x devices per rank)
     max_resident: int = 0  # deployments it holds on its devices at once (0: all, no swapping)
+    nodes: tuple[str, ...] = ()  # Ray node id of each rank
 
     @classmethod
     def start(
@@ -251,9 +253,10 @@ class WorkerGroup:
             ).remote(kind.value, rank, world_size, threads, str(data_dir), dist_url, name, swapping)
             for rank in range(world_size)
         ]
-        ray.get([r.ping.remote() for r in ranks])
+        infos = ray.get([r.info.remote() for r in ranks])
         return cls(name=name, kind=kind, ranks=ranks, serves=frozenset(serves) if serves is not None else offered,
-                   devices=world_size * devices_per_rank, max_resident=swapping.max_resident if swapping else 0)
+                   devices=world_size * devices_per_rank, max_resident=swapping.max_resident if swapping else 0,
+                   nodes=tuple(info["node"] for info in infos))
 
     def create(self, deployment, model_dir: Path, *, trainable: bool, optimizer: OptimizerConfig | None):
         refs = [r.create.remote(deployment, str(model_dir), trainable, optimizer) for r in self.ranks]

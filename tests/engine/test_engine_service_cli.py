@@ -40,15 +40,25 @@ def test_start_status_and_stop_the_engine_service_on_a_ray_cluster(ray_head):
         time.sleep(1)
     assert "no engine service runs" in status.stderr
 
-    started = plexrl(env, "engine", "start", "--address", address)
+    started = plexrl(env, "engine", "start", "--address", address, "--json")
     assert started.returncode == 0, started.stderr[-3000:]
     snapshot = json.loads(started.stdout)
     assert snapshot["jobs"] == {}  # groups start with the first job that needs them
+    assert snapshot["wpgs"] == []
+    (node,) = snapshot["nodes"]  # the head node, its device slots all free
+    assert node["devices"] >= 1
+    assert node["free_devices"] == node["devices"]
+    assert node["node_group"] == node["id"]  # no label nor resource: a node group of its own
 
     # the service outlived the command that started it
-    status = plexrl({**env, "RAY_ADDRESS": address}, "engine", "status")
+    status = plexrl({**env, "RAY_ADDRESS": address}, "engine", "status", "--json")
     assert status.returncode == 0, status.stderr[-3000:]
     assert json.loads(status.stdout) == snapshot
+    table = plexrl({**env, "RAY_ADDRESS": address}, "engine", "status")
+    assert table.returncode == 0, table.stderr[-3000:]
+    assert table.stdout.split("\n")[0].split() == ["node", "node", "group", "devices", "free"]
+    assert node["id"][:12] in table.stdout
+    assert "no worker group yet" in table.stdout
 
     stopped = plexrl(env, "engine", "stop", "--address", address)
     assert stopped.returncode == 0, stopped.stderr[-3000:]

@@ -163,6 +163,29 @@ def test_cluster_snapshot_lists_the_shared_groups(engine, plain_run):
     assert "queued" in snap["scheduler"]
 
 
+def test_cluster_snapshot_lists_the_node_the_wpgs_run_on_and_the_jobs_on_them(engine, plain_run):
+    engine.submit_job("svc-snap", SPEC)
+    wait_for(engine, "svc-snap", lambda ev: len(metrics(ev)) >= 1)
+    engine.pause("svc-snap")
+    try:
+        snap = engine.cluster_snapshot()
+    finally:
+        engine.cancel("svc-snap")
+    (node,) = snap["nodes"]  # the session's one Ray node
+    assert node["node_group"] == node["id"]
+    wpgs = {(w["side"], w["backend"]): w for w in snap["wpgs"]}
+    assert set(wpgs) >= {("train", "torch"), ("rollout", "torch")}
+    for w in wpgs.values():
+        assert w["node"] == node["id"]
+        assert w["rank_nodes"] == [node["id"]]
+    assert node["devices"] - node["free_devices"] == pytest.approx(sum(w["devices"] for w in snap["wpgs"]))
+    for key in (("train", "torch"), ("rollout", "torch")):
+        assert wpgs[key]["models"] == ["tiny-arith"]
+        assert wpgs[key]["architectures"] == ["Qwen2ForCausalLM"]
+        assert "svc-snap" in wpgs[key]["resident_jobs"]  # it ran there and nothing evicted it
+        assert "svc-plain" not in wpgs[key]["resident_jobs"]  # ended: no longer the engine's job
+
+
 def test_a_finished_job_leaves_the_profile_its_shape_is_estimated_from(engine, plain_run, plexrl_home):
     from engine.accounting.estimate import read_profile
 

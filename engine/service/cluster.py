@@ -1,0 +1,85 @@
+"""The cluster as the scheduler sees it, read live from Ray: its nodes, their device slots and node
+groups, and where the worker groups run.
+
+A node's *device slots* are its GPUs, or, on a CPU node, its ``device`` resource (the slots the
+worker-group ranks ask for). Its *node group* (the unit placement fills: a job's groups go on one)
+is, first found: the node label ``plexrl.node_group`` (``ray start --labels``), a resource named
+``node_group:<name>`` (``ray start --resources``), else the node alone (its id). Nodes without
+device slots (a head node that only runs the controller) are not listed: nothing is placed there.
+
+``nodes_from_ray`` and ``node_usage`` are pure (tested on tables); ``read_nodes`` reads Ray now, so
+a node that joined or left is seen at the next read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.workers.group import DEVICE_RESOURCE
+
+GROUP_LABEL = "plexrl.node_group"
+GROUP_RESOURCE = "node_group:"
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str  # Ray's node id (every node of a one-machine test cluster has the same address)
+    node_group: str
+    devices: int  # device slots
+    address: str = ""
+
+
+def nodes_from_ray(raw: Iterable[Mapping[str, Any]]) -> list[Node]:
+    """Alive nodes with device slots, from ``ray.nodes()`` entries, by node group then id. A node
+    that names two node groups is an error (ValueError): placement could not tell where it is."""
+    out = []
+    for entry in raw:
+        if not entry.get("Alive"):
+            continue
+        resources = entry.get("Resources") or {}
+        devices = int(resources.get("GPU", 0) or resources.get(DEVICE_RESOURCE, 0))
+        if devices <= 0:
+            continue
+        node_id = entry["NodeID"]
+        label = (entry.get("Labels") or {}).get(GROUP_LABEL)
+        named = sorted(k[len(GROUP_RESOURCE):] for k in resources if k.startswith(GROUP_RESOURCE))
+        if len(named) > 1 or (label and named and named != [label]):
+            both = sorted({*named, *([label] if label else [])})
+            raise ValueError(f"node {node_id} is in more than one node group: {both}")
+        group = label or (named[0] if named else node_id)
+        out.append(Node(node_id, group, devices, entry.get("NodeManagerAddress", "")))
+    return sorted(out, key=lambda n: (n.node_group, n.id))
+
+
+def read_nodes() -> list[Node]:
+    """The cluster's nodes now (Ray must be initialised)."""
+    import ray
+
+    return nodes_from_ray(ray.nodes())
+
+
+def node_usage(nodes: Iterable[Node], held: Iterable[tuple[str, float]]) -> list[dict[str, Any]]:
+    """Each node with its free device slots, given the slots worker groups hold as (node id,
+    devices) pairs (one per rank); slots held on a node that left are not counted anywhere."""
+    taken: dict[str, float] = {}
+    for node_id, devices in held:
+        taken[node_id] = taken.get(node_id, 0.0) + devices
+    return [{"id": n.id, "node_group": n.node_group, "address": n.address, "devices": n.devices,
+             "free_devices": n.devices - taken.get(n.id, 0.0)} for n in nodes]
+
+
+def architecture(model: str) -> str | None:
+    """The architecture a model's config names (``architectures[0]``, else its ``model_type``);
+    None for a model not built or not found here."""
+    from engine.errors import ModelNotFound
+    from engine.models import resolve_model
+
+    try:
+        config = json.loads((resolve_model(model, build_missing=False) / "config.json").read_text())
+    except (ModelNotFound, OSError, ValueError):
+        return None
+    names = config.get("architectures") or [config.get("model_type")]
+    return names[0] if names and names[0] else None

@@ -1,0 +1,78 @@
+"""The cluster as the engine reads it from Ray (``engine.service.cluster``): nodes, their device
+slots and node groups, the slots worker groups hold; on tables, and on a real cluster of several
+Ray nodes on this machine that a worker group starts on, a node joins and a node leaves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.service.cluster import Node, node_usage, nodes_from_ray
+
+
+def ray_node(node_id: str, resources: dict, *, alive: bool = True, labels: dict | None = None) -> dict:
+    return {"NodeID": node_id, "Alive": alive, "Resources": resources, "Labels": labels or {},
+            "NodeManagerAddress": "10.0.0.1"}
+
+
+@pytest.mark.parametrize(("entry", "expected"), [
+    # device slots: the GPUs, else the device resource
+    (ray_node("n1", {"GPU": 8.0, "device": 2.0}), Node("n1", "n1", 8, "10.0.0.1")),
+    (ray_node("n1", {"device": 2.0, "CPU": 4.0}), Node("n1", "n1", 2, "10.0.0.1")),
+    # node group: the label, else a node_group:<name> resource, else the node alone
+    (ray_node("n1", {"device": 2.0, "node_group:a": 1.0}), Node("n1", "a", 2, "10.0.0.1")),
+    (ray_node("n1", {"device": 2.0}, labels={"plexrl.node_group": "b"}), Node("n1", "b", 2, "10.0.0.1")),
+    (ray_node("n1", {"device": 2.0, "node_group:b": 1.0}, labels={"plexrl.node_group": "b"}),
+     Node("n1", "b", 2, "10.0.0.1")),
+    # not listed: dead, or no device slot (a head node that runs only the controller)
+    (ray_node("n1", {"device": 2.0}, alive=False), None),
+    (ray_node("n1", {"CPU": 4.0}), None),
+])
+def test_a_node_as_ray_reports_it(entry, expected):
+    assert nodes_from_ray([entry]) == ([expected] if expected else [])
+
+
+@pytest.mark.parametrize("entry", [
+    ray_node("n1", {"device": 2.0, "node_group:a": 1.0, "node_group:b": 1.0}),
+    ray_node("n1", {"device": 2.0, "node_group:a": 1.0}, labels={"plexrl.node_group": "b"}),
+])
+def test_a_node_in_two_node_groups_is_an_error(entry):
+    with pytest.raises(ValueError, match="node n1 is in more than one node group: \\['a', 'b'\\]"):
+        nodes_from_ray([entry])
+
+
+def test_nodes_come_by_node_group_and_their_free_slots_less_what_groups_hold():
+    nodes = nodes_from_ray([ray_node("z", {"device": 2.0, "node_group:a": 1.0}),
+                            ray_node("y", {"device": 4.0, "node_group:b": 1.0}),
+                            ray_node("x", {"device": 2.0, "node_group:a": 1.0})])
+    assert [(n.id, n.node_group) for n in nodes] == [("x", "a"), ("z", "a"), ("y", "b")]
+    usage = node_usage(nodes, [("z", 1.0), ("z", 1.0), ("y", 0.5), ("gone", 2.0)])
+    assert [(u["id"], u["devices"], u["free_devices"]) for u in usage] == [("x", 2, 2.0), ("z", 2, 0.0), ("y", 4, 3.5)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_cluster_of_several_ray_nodes_as_the_engine_reads_it(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "tests.engine.cluster_probe", str(tmp_path)], capture_output=True,
+                          text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    start = {n["id"]: n for n in out["start"]}
+    assert out["head"] not in start  # no device slot: nothing is placed on the head node
+    assert sorted((n["node_group"], n["devices"]) for n in start.values()) == [("a", 2), ("a", 2), ("b", 1)]
+    assert all(n["free_devices"] == n["devices"] for n in start.values())
+
+    (wpg_node,) = out["wpg_nodes"]  # one rank, on a node with two free slots
+    assert start[wpg_node]["node_group"] == "a"
+    placed = {n["id"]: n["free_devices"] for n in out["placed"]}
+    assert placed == {i: n["devices"] - (2 if i == wpg_node else 0) for i, n in start.items()}
+
+    joined = {n["id"]: n for n in out["after_join"]}
+    assert set(joined) == set(start) | {out["joined"]}
+    assert (joined[out["joined"]]["node_group"], joined[out["joined"]]["devices"]) == ("b", 4)
+
+    after_loss = {n["id"] for n in out["after_loss"]}
+    assert after_loss == set(joined) - {out["a1"]}
