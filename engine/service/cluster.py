@@ -7,8 +7,9 @@ is, first found: the node label ``plexrl.node_group`` (``ray start --labels``), 
 ``node_group:<name>`` (``ray start --resources``), else the node alone (its id). Nodes without
 device slots (a head node that only runs the controller) are not listed: nothing is placed there.
 
-``nodes_from_ray`` and ``node_usage`` are pure (tested on tables); ``read_nodes`` reads Ray now, so
-a node that joined or left is seen at the next read.
+``nodes_from_ray``, ``node_usage`` and ``domains`` (the node groups as the placer's domains) are
+pure (tested on tables); ``read_nodes`` reads Ray now, so a node that joined or left is seen at the
+next read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.scheduler.admission import Domain
 from engine.workers.group import DEVICE_RESOURCE
 
 GROUP_LABEL = "plexrl.node_group"
@@ -52,6 +54,22 @@ def nodes_from_ray(raw: Iterable[Mapping[str, Any]]) -> list[Node]:
         group = label or (named[0] if named else node_id)
         out.append(Node(node_id, group, devices, entry.get("NodeManagerAddress", "")))
     return sorted(out, key=lambda n: (n.node_group, n.id))
+
+
+def domains(nodes: Iterable[Node]) -> list[Domain]:
+    """The placer's domains: one per node group, its nodes in id order. The placer packs a worker
+    group onto whole nodes of one size, so a node group's nodes must have the same device slots
+    (ValueError naming the group otherwise)."""
+    groups: dict[str, list[Node]] = {}
+    for node in nodes:
+        groups.setdefault(node.node_group, []).append(node)
+    out = []
+    for name in sorted(groups):
+        sizes = sorted({n.devices for n in groups[name]})
+        if len(sizes) > 1:
+            raise ValueError(f"node group {name!r} mixes nodes of {sizes} device slots; give each size a group")
+        out.append(Domain(name, len(groups[name]), sizes[0]))
+    return out
 
 
 def read_nodes() -> list[Node]:

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from engine.service.cluster import Node, node_usage, nodes_from_ray
+from engine.scheduler.admission import Demand, JobShape, Placer
+from engine.service.cluster import Node, domains, node_usage, nodes_from_ray
 
 
 def ray_node(node_id: str, resources: dict, *, alive: bool = True, labels: dict | None = None) -> dict:
@@ -51,6 +52,19 @@ def test_nodes_come_by_node_group_and_their_free_slots_less_what_groups_hold():
     assert [(n.id, n.node_group) for n in nodes] == [("x", "a"), ("z", "a"), ("y", "b")]
     usage = node_usage(nodes, [("z", 1.0), ("z", 1.0), ("y", 0.5), ("gone", 2.0)])
     assert [(u["id"], u["devices"], u["free_devices"]) for u in usage] == [("x", 2, 2.0), ("z", 2, 0.0), ("y", 4, 3.5)]
+
+
+def test_node_groups_are_the_placer_s_domains():
+    nodes = [Node("n1", "a", 2), Node("n2", "a", 2), Node("n3", "b", 4)]
+    got = {d.name: (len(d.free), d.node_devices) for d in domains(nodes)}
+    assert got == {"a": (2, 2), "b": (1, 4)}
+    # a job whose groups need 4 slots fits node group b (one node) and a's two nodes; one of 6 fits neither
+    placer = Placer(domains(nodes))
+    placer.arrive("fits", JobShape("m", replicas=1, rollout_devices=2, train_devices=2), Demand(0.5, 0.5), 0.0)
+    with pytest.raises(ValueError, match="no domain can hold it"):
+        placer.arrive("too-big", JobShape("m", replicas=1, rollout_devices=2, train_devices=4), Demand(0.5, 0.5), 0.0)
+    with pytest.raises(ValueError, match="node group 'a' mixes nodes of \\[2, 4\\] device slots"):
+        domains([Node("n1", "a", 2), Node("n2", "a", 4)])
 
 
 @pytest.mark.slow
