@@ -94,6 +94,15 @@ class SchedulerService:
             kind = "rollout" if g.serves <= ROLLOUT_FUNCTIONS else "both" if rollout else "train"
             self.core.add_wpg(g.name, devices=g.devices, capacity=g.max_resident, kind=kind)
 
+    def remove_groups(self, names: list[str]) -> None:
+        """Worker groups released (no job uses them): they leave the scheduler (ValueError if one
+        still has calls queued or running)."""
+        for name in names:
+            if name in self.groups:
+                self.core.remove_wpg(name)
+                del self.groups[name]
+                self.lost.pop(name, None)
+
     async def submit(self, job: str, role: str, fn: str, request: Request | list, wpgs: tuple[str, ...],
                      tenant: str, stream: str, seq: int) -> tuple[Any, list[dict]]:
         """Queue a call of ``fn`` for deployment (job, role) on ``wpgs`` (the first executes it) as

@@ -14,8 +14,9 @@ next read.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,3 +102,29 @@ def architecture(model: str) -> str | None:
         return None
     names = config.get("architectures") or [config.get("model_type")]
     return names[0] if names and names[0] else None
+
+
+def fits(free: Sequence[float], need: Iterable[float]) -> bool:
+    """Whether ranks needing ``need`` device slots each fit on nodes with ``free`` slots, the
+    largest rank first, each on the node with the least room that holds it (as Ray places ranks:
+    one at a time, a rank on one node)."""
+    room = sorted(free)
+    for slots in sorted(need, reverse=True):
+        i = next((i for i, r in enumerate(room) if r >= slots - 1e-9), None)
+        if i is None:
+            return False
+        room[i] -= slots
+        room.sort()
+    return True
+
+
+def rollout_affinity(model: str) -> str:
+    """Which vLLM rollout group may host jobs of ``model``: a short hash of its configuration as
+    the engine sees it (architecture and shapes; ``vllm_backend.model_signature``), so models of
+    one configuration share a group and others get their own. Builds a preset not built yet (the
+    job's driver would)."""
+    from engine.models import resolve_model
+    from engine.workers.vllm_backend import model_signature
+
+    signature = json.dumps(model_signature(resolve_model(model)), sort_keys=True)
+    return hashlib.sha256(signature.encode()).hexdigest()[:10]

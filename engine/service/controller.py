@@ -30,6 +30,7 @@ from ray.exceptions import RayActorError
 
 from engine.errors import UnknownJob, fault_reason, is_engine_fault
 from engine.paths import events_path
+from engine.service.cluster import rollout_affinity
 from engine.service.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
 from engine.service.tenants import TenantBook
 from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
@@ -37,6 +38,8 @@ from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
 _log = logging.getLogger(__name__)
 
 MAX_EVENTS = 10_000  # per events() call
+
+GroupKey = tuple[str, str, int, str]  # (side, backend, ranks, affinity)
 
 
 def job_state(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -53,7 +56,11 @@ class EngineService:
     def __init__(self, data_dir: str, config: dict[str, Any]):
         self.data_dir = Path(data_dir)
         self.config = ServiceConfig(**config)
-        self.groups: dict[tuple[str, str, int], Any] = {}  # (side, backend, ranks) -> WorkerGroup
+        self.groups: dict[GroupKey, Any] = {}  # (side, backend, ranks, affinity) -> WorkerGroup
+        self.job_groups: dict[str, list[GroupKey]] = {}  # job id -> the groups it runs on, while known here
+        self.waiting: list[str] = []  # jobs queued for device slots, first come first served (no driver yet)
+        self.reasons: dict[str, str] = {}  # waiting job -> why it waits
+        self.closing = False
         self.drivers: dict[str, Any] = {}  # job id -> driver actor, while it runs
         self.runs: dict[str, Any] = {}  # job id -> ObjectRef of its run()
         self.cancelling: set[str] = set()
@@ -68,26 +75,74 @@ class EngineService:
 
     # -- worker groups ----------------------------------------------------------------------------
     @staticmethod
-    def _group_keys(spec: JobSpec) -> list[tuple[str, str, int]]:
-        return [("train", spec.trainer, spec.tp), ("rollout", spec.rollout, 1)]
+    def _group_keys(spec: JobSpec) -> list[GroupKey]:
+        """The groups a job runs on: one per side, by backend, ranks and affinity (a vLLM engine is
+        built for one model configuration: jobs of another get a group of their own)."""
+        return [("train", spec.trainer, spec.tp, ""),
+                ("rollout", spec.rollout, 1, rollout_affinity(spec.model) if spec.rollout == "vllm" else "")]
 
-    def _start_group(self, key: tuple[str, str, int]) -> Any:
+    def _start_group(self, key: GroupKey) -> Any:
         from engine.api import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
         from engine.workers.group import Swapping, WorkerGroup
 
-        side, kind, ranks = key
+        side, kind, ranks, affinity = key
+        name = f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else "") + (f"-{affinity}" if affinity else "")
+        for rank in range(ranks):  # a group of this name released before: its ranks must be gone
+            _wait_name_free(f"wpg:{name}:{rank}")
         return WorkerGroup.start(
-            f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else ""), kind, world_size=ranks,
-            threads=self.config.threads, data_dir=self.data_dir,
+            name, kind, world_size=ranks, threads=self.config.threads, data_dir=self.data_dir,
             devices_per_rank=self.config.devices_per_group / ranks,
             swapping=Swapping(max_resident=self.config.max_resident),
             serves=TRAIN_FUNCTIONS if side == "train" else ROLLOUT_FUNCTIONS)
 
-    def _groups_for(self, spec: JobSpec) -> list[Any]:
-        for key in self._group_keys(spec):
-            if key not in self.groups:
-                self.groups[key] = self._start_group(key)
-        return [self.groups[key] for key in self._group_keys(spec)]
+    def _room_for(self, job_id: str) -> str | None:
+        """Make room for the groups ``job_id`` needs that do not run yet: None when they fit on the
+        nodes' free device slots (releasing groups no running job uses, if that is what it takes),
+        else why the job waits. Holds the lock."""
+        from engine.service.cluster import fits, node_usage, read_nodes
+
+        missing = [k for k in self.job_groups[job_id] if k not in self.groups]
+        if not missing:
+            return None
+        need = [self.config.devices_per_group / k[2] for k in missing for _ in range(k[2])]  # per rank
+        used = {k for job in [*self.drivers, job_id] for k in self.job_groups.get(job, ())}
+        idle = [k for k in sorted(self.groups) if k not in used]
+        while True:
+            held = [(node, g.devices / len(g.ranks)) for g in self.groups.values() for node in g.nodes]
+            usage = node_usage(read_nodes(), held)
+            if fits([u["free_devices"] for u in usage], need):
+                return None
+            if not idle:
+                groups = ", ".join(f"{k[1]} {k[0]}" for k in missing)
+                free, total = sum(u["free_devices"] for u in usage), sum(u["devices"] for u in usage)
+                return (f"waiting for {sum(need):g} device slots for its {groups} worker group(s): "
+                        f"{free:g} of {total} free, every group in use")
+            self._release_group(idle.pop(0))
+
+    def _release_group(self, key: GroupKey) -> None:
+        """Shut down a group no job uses (its devices are needed for another)."""
+        group = self.groups.pop(key)
+        with contextlib.suppress(RayActorError):
+            ray.get(self._scheduler().remove_groups.remote([group.name]))
+        group.shutdown()
+
+    def _admit(self) -> None:
+        """Start the waiting jobs whose groups fit, in submission order; the first that does not
+        fit holds the later ones (so none waits forever). Holds the lock."""
+        while self.waiting and not self.closing:
+            job_id = self.waiting[0]
+            why = self._room_for(job_id)
+            if why is not None:
+                self.reasons[job_id] = why
+                for later in self.waiting[1:]:
+                    self.reasons[later] = f"behind {job_id} in the queue"
+                return
+            for key in self.job_groups[job_id]:
+                if key not in self.groups:
+                    self.groups[key] = self._start_group(key)
+            self.waiting.pop(0)
+            self.reasons.pop(job_id, None)
+            self._start_driver(job_id)
 
     # -- the scheduler ------------------------------------------------------------------------------
     def _scheduler(self) -> Any:
@@ -116,9 +171,9 @@ class EngineService:
 
         self._scheduler()  # one started here, not by the driver's router, has the tenants' weights and budgets
         spec, tenant = self.jobs[job_id]
+        groups = [self.groups[key] for key in self.job_groups[job_id]]
         driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2).remote(
-            job_id, spec, self._groups_for(spec), str(events_path(self.data_dir, job_id)), self.config.threads,
-            tenant, resume)
+            job_id, spec, groups, str(events_path(self.data_dir, job_id)), self.config.threads, tenant, resume)
         self.drivers[job_id] = driver
         self.runs[job_id] = driver.run.remote()
 
@@ -131,10 +186,12 @@ class EngineService:
         parsed = JobSpec.from_dict(spec)
         factor = priority_factor(priority)
         path = events_path(self.data_dir, job_id)
+        if path.exists():
+            return self.status(job_id)  # submitted before: never a second driver
+        keys = self._group_keys(parsed)  # may build the job's model preset: not under the lock
         with self.lock:
             if job_id in self.drivers or path.exists():
-                return self.status(job_id)  # submitted before: never a second driver
-            self._groups_for(parsed)
+                return self.status(job_id)
             if factor != 1.0:
                 self.priorities[job_id] = factor
                 try:  # before its first call (a scheduler that died meanwhile is started with it)
@@ -146,7 +203,9 @@ class EngineService:
             log.append("spec", parsed.to_dict(), durable=True)
             log.close()
             self.jobs[job_id] = (parsed, tenant)
-            self._start_driver(job_id)
+            self.job_groups[job_id] = keys
+            self.waiting.append(job_id)
+            self._admit()
         return self.status(job_id)
 
     def status(self, job_id: str) -> dict[str, Any]:
@@ -154,8 +213,11 @@ class EngineService:
         if not path.exists():
             raise UnknownJob(job_id)
         events = read_events(path)
-        return {"job": job_id, **job_state(events), "last_seq": events[-1]["seq"] if events else 0,
-                "active": job_id in self.drivers}
+        out = {"job": job_id, **job_state(events), "last_seq": events[-1]["seq"] if events else 0,
+               "active": job_id in self.drivers}
+        if job_id in self.waiting:  # queued here for device slots: no driver, no actor of its own
+            out.update(position=self.waiting.index(job_id) + 1, reason=self.reasons.get(job_id, ""))
+        return out
 
     def events(self, job_id: str, after_seq: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
         path = events_path(self.data_dir, job_id)
@@ -202,6 +264,12 @@ class EngineService:
 
     def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
         with self.lock:
+            if job_id in self.waiting:  # it never started: nothing to stop
+                self.waiting.remove(job_id)
+                self.reasons.pop(job_id, None)
+                self._finish(job_id, {"state": "cancelled", "reason": reason or "cancelled"})
+                self._admit()
+                return self.status(job_id)
             driver = self.drivers.get(job_id)
             if driver is None:
                 return self.status(job_id)
@@ -221,23 +289,25 @@ class EngineService:
         stats = ray.get(self._scheduler().stats.remote()) if self.groups else {}
         resident = stats.get("resident", {})
         models: dict[str, set[str]] = {}  # group name -> models of the running jobs that use it
-        for spec, _ in self.jobs.values():
-            for key in self._group_keys(spec):
+        for job, (spec, _) in self.jobs.items():
+            for key in self.job_groups[job] if job in self.drivers else ():
                 if key in self.groups:
                     models.setdefault(self.groups[key].name, set()).add(spec.model)
         per_rank = [(node, g.devices / len(g.ranks)) for g in self.groups.values() for node in g.nodes]
         return {
             "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
                         "devices": self.config.devices_per_group, "max_resident": self.config.max_resident}
-                       for (side, kind, ranks), g in sorted(self.groups.items())],
+                       for (side, kind, ranks, _), g in sorted(self.groups.items())],
             "nodes": node_usage(read_nodes(), per_rank),
             "wpgs": [{"name": g.name, "node": g.nodes[0] if g.nodes else None, "rank_nodes": list(g.nodes),
                       "side": side, "backend": kind, "models": sorted(models.get(g.name, ())),
                       "architectures": sorted({a for m in models.get(g.name, ()) if (a := architecture(m))}),
                       "devices": g.devices,
                       "resident_jobs": [j for j in resident.get(g.name, []) if j in self.jobs]}
-                     for (side, kind, _), g in sorted(self.groups.items())],
+                     for (side, kind, _, _), g in sorted(self.groups.items())],
             "jobs": {job: self.status(job).get("state") for job in sorted(self.drivers)},
+            "queued": [{"job": job, "position": i + 1, "reason": self.reasons.get(job, "")}
+                       for i, job in enumerate(self.waiting)],
             "scheduler": stats,
         }
 
@@ -251,7 +321,8 @@ class EngineService:
         return estimate(JobSpec.from_dict(spec)).to_dict()  # profiles: PLEXRL_HOME's, where drivers write
 
     def shutdown(self) -> None:
-        for job in list(self.drivers):
+        self.closing = True  # nothing waiting starts any more
+        for job in [*self.waiting, *self.drivers]:
             self.cancel(job, reason="engine shut down")
         for g in self.groups.values():
             g.shutdown()
@@ -273,24 +344,26 @@ class EngineService:
                     log.append("state", terminal, durable=True)
                 log.close()
             if job is not None:
-                self._release(job_id, job[0])
+                self._release(job_id)
+            self.job_groups.pop(job_id, None)
+            self._admit()  # its groups may be what a waiting job needs
 
-    def _release(self, job_id: str, spec: JobSpec) -> None:
+    def _release(self, job_id: str) -> None:
         """An ended job's calls, estimates and states leave the scheduler, the groups and the
         StateManager (else every job ever run would keep its state there). Best effort: a group or
         scheduler that died meanwhile holds nothing of it any more."""
         try:
-            self._drop_calls_and_states(job_id, spec)
+            self._drop_calls_and_states(job_id)
             with contextlib.suppress(ValueError):  # a cancelled job's call still running: kept
                 ray.get(self._scheduler().forget.remote(job_id))
         except Exception as exc:
             _log.warning("engine: releasing %s: %s", job_id, fault_reason(exc))
 
-    def _drop_calls_and_states(self, job_id: str, spec: JobSpec) -> None:
+    def _drop_calls_and_states(self, job_id: str) -> None:
         """The job's queued calls leave the scheduler (its running ones finish), then its states
         leave the groups, once those calls are done (a rank runs its calls in order)."""
         ray.get(self._scheduler().abandon.remote(job_id))
-        for key in self._group_keys(spec):
+        for key in self.job_groups.get(job_id, ()):
             if key in self.groups:
                 self.groups[key].drop_job(job_id)
 
@@ -366,7 +439,7 @@ class EngineService:
                 _wait_name_free(f"wpg:{group.name}:{rank}")
             self.groups[key] = self._start_group(key)
             ray.get(scheduler.add_groups.remote([self.groups[key]]))
-            affected |= {job for job, (spec, _) in self.jobs.items() if key in self._group_keys(spec)}
+            affected |= {job for job in self.drivers if key in self.job_groups.get(job, ())}
         return affected
 
     def _stop_driver(self, job_id: str) -> None:
@@ -385,7 +458,7 @@ class EngineService:
         from engine.service.driver import redone_after
 
         self._stop_driver(job_id)
-        self._drop_calls_and_states(job_id, self.jobs[job_id][0])  # what the dead driver left
+        self._drop_calls_and_states(job_id)  # what the dead driver left
         path = events_path(self.data_dir, job_id)
         redone = redone_after(read_events(path))
         log = EventLog(path)
