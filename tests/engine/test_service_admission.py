@@ -44,7 +44,7 @@ def test_two_model_configurations_each_get_a_vllm_group_and_the_one_that_does_no
     assert second["position"] == 1
     assert "waiting for 1 device slots for its vllm rollout worker group" in second["reason"]
     assert ray.get_actor("driver:adm-arith", namespace="plexrl")  # the running job's driver
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="driver:adm-tools"):
         ray.get_actor("driver:adm-tools", namespace="plexrl")  # a queued job holds no driver
     snap = engine.cluster_snapshot()
     assert [q["job"] for q in snap["queued"]] == ["adm-tools"]
