@@ -119,12 +119,15 @@ def fits(free: Sequence[float], need: Iterable[float]) -> bool:
 
 
 def rollout_affinity(model: str) -> str:
-    """Which vLLM rollout group may host jobs of ``model``: a short hash of its configuration as
-    the engine sees it (architecture and shapes; ``vllm_backend.model_signature``), so models of
-    one configuration share a group and others get their own. Builds a preset not built yet (the
-    job's driver would)."""
-    from engine.models import resolve_model
+    """Which vLLM rollout group may host jobs of ``model`` (a vLLM engine is built for one model
+    configuration): a preset by its name (its configuration is fixed by it; nothing is built
+    here, the job's driver builds it), a model folder by a short hash of its configuration as the
+    engine checks it (``vllm_backend.model_signature``), so folders of one configuration share a
+    group and others get their own. ModelNotFound for a folder that is not a model."""
+    from engine.models import PRESETS, resolve_model
     from engine.workers.vllm_backend import model_signature
 
+    if model in PRESETS:
+        return model
     signature = json.dumps(model_signature(resolve_model(model)), sort_keys=True)
     return hashlib.sha256(signature.encode()).hexdigest()[:10]

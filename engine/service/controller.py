@@ -188,7 +188,7 @@ class EngineService:
         path = events_path(self.data_dir, job_id)
         if path.exists():
             return self.status(job_id)  # submitted before: never a second driver
-        keys = self._group_keys(parsed)  # may build the job's model preset: not under the lock
+        keys = self._group_keys(parsed)  # reads a model folder's config: not under the lock
         with self.lock:
             if job_id in self.drivers or path.exists():
                 return self.status(job_id)

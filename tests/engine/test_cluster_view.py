@@ -5,13 +5,15 @@ Ray nodes on this machine that a worker group starts on, a node joins and a node
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+from engine.errors import ModelNotFound
 from engine.scheduler.admission import Demand, JobShape, Placer
-from engine.service.cluster import Node, domains, node_usage, nodes_from_ray
+from engine.service.cluster import Node, domains, node_usage, nodes_from_ray, rollout_affinity
 
 
 def ray_node(node_id: str, resources: dict, *, alive: bool = True, labels: dict | None = None) -> dict:
@@ -65,6 +67,27 @@ def test_node_groups_are_the_placer_s_domains():
         placer.arrive("too-big", JobShape("m", replicas=1, rollout_devices=2, train_devices=4), Demand(0.5, 0.5), 0.0)
     with pytest.raises(ValueError, match="node group 'a' mixes nodes of \\[2, 4\\] device slots"):
         domains([Node("n1", "a", 2), Node("n2", "a", 4)])
+
+
+def model_folder(path, **config) -> str:
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 64,
+                                                  "hidden_size": 32, **config}))
+    (path / "model.safetensors").write_bytes(b"")
+    return str(path)
+
+
+def test_a_vllm_group_s_affinity_is_a_preset_s_name_or_a_folder_s_configuration(tmp_path, monkeypatch):
+    monkeypatch.setenv("PLEXRL_HOME", str(tmp_path / "home"))  # no preset built here: none is built for it
+    assert rollout_affinity("tiny-arith") == "tiny-arith"
+    assert rollout_affinity("tiny-arith-tools") == "tiny-arith-tools"
+    assert not os.path.exists(tmp_path / "home" / "models")
+    base = rollout_affinity(model_folder(tmp_path / "base"))
+    # other weights, the same configuration (noise keys aside): the same group
+    assert rollout_affinity(model_folder(tmp_path / "tuned", transformers_version="9.9")) == base
+    assert rollout_affinity(model_folder(tmp_path / "wider", vocab_size=72)) != base
+    with pytest.raises(ModelNotFound, match="no such preset"):
+        rollout_affinity(str(tmp_path / "missing"))
 
 
 @pytest.mark.slow
