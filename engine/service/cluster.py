@@ -80,6 +80,18 @@ def read_nodes() -> list[Node]:
     return nodes_from_ray(ray.nodes())
 
 
+def ray_free_devices() -> dict[str, float]:
+    """Device slots Ray has free on each node now (taken by anything: the engine's groups, other
+    actors on the cluster); empty if this Ray cannot tell (its per-node view is not public API)."""
+    try:
+        from ray._private.state import available_resources_per_node
+
+        per_node = available_resources_per_node()
+    except (ImportError, AttributeError):
+        return {}
+    return {node: float(r.get("GPU", 0) or r.get(DEVICE_RESOURCE, 0)) for node, r in per_node.items()}
+
+
 def node_usage(nodes: Iterable[Node], held: Iterable[tuple[str, float]]) -> list[dict[str, Any]]:
     """Each node with its free device slots, given the slots worker groups hold as (node id,
     devices) pairs (one per rank); slots held on a node that left are not counted anywhere."""

@@ -40,6 +40,8 @@ _log = logging.getLogger(__name__)
 MAX_EVENTS = 10_000  # per events() call
 
 GroupKey = tuple[str, str, int, str]  # (side, backend, ranks, affinity)
+ADMIT_EVERY_S = 2.0  # while jobs wait, how often the service looks for room again
+RELEASE_WAIT_S = 10.0  # the most a released group's slots take to show free in Ray's view
 
 
 def job_state(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -99,7 +101,7 @@ class EngineService:
         """Make room for the groups ``job_id`` needs that do not run yet: None when they fit on the
         nodes' free device slots (releasing groups no running job uses, if that is what it takes),
         else why the job waits. Holds the lock."""
-        from engine.service.cluster import fits, node_usage, read_nodes
+        from engine.service.cluster import fits, node_usage, ray_free_devices, read_nodes
 
         missing = [k for k in self.job_groups[job_id] if k not in self.groups]
         if not missing:
@@ -110,6 +112,9 @@ class EngineService:
         while True:
             held = [(node, g.devices / len(g.ranks)) for g in self.groups.values() for node in g.nodes]
             usage = node_usage(read_nodes(), held)
+            ray_free = ray_free_devices()  # slots others hold (actors not the engine's) are not free either
+            for u in usage:
+                u["free_devices"] = min(u["free_devices"], ray_free.get(u["id"], u["free_devices"]))
             if fits([u["free_devices"] for u in usage], need):
                 return None
             if not idle:
@@ -120,11 +125,26 @@ class EngineService:
             self._release_group(idle.pop(0))
 
     def _release_group(self, key: GroupKey) -> None:
-        """Shut down a group no job uses (its devices are needed for another)."""
+        """Shut down a group no job uses (its devices are needed for another), and return once
+        its ranks are gone and Ray counts their device slots free (or after ``RELEASE_WAIT_S``)."""
+        from engine.service.cluster import ray_free_devices
+
         group = self.groups.pop(key)
         with contextlib.suppress(RayActorError):
             ray.get(self._scheduler().remove_groups.remote([group.name]))
+        before = ray_free_devices()
+        freed: dict[str, float] = {}
+        for node in group.nodes:
+            freed[node] = freed.get(node, 0.0) + group.devices / len(group.ranks)
         group.shutdown()
+        for rank in range(len(group.ranks)):
+            _wait_name_free(f"wpg:{group.name}:{rank}")
+        deadline = time.monotonic() + RELEASE_WAIT_S
+        while time.monotonic() < deadline:
+            now = ray_free_devices()
+            if not now or all(now.get(n, 0.0) >= before.get(n, 0.0) + d - 1e-9 for n, d in freed.items()):
+                return
+            time.sleep(0.1)
 
     def _admit(self) -> None:
         """Start the waiting jobs whose groups fit, in submission order; the first that does not
@@ -369,11 +389,19 @@ class EngineService:
 
     def _watch(self) -> None:
         """Notice drivers that end: success and failure are logged by the driver itself; a driver that
-        died (killed, out of memory, its node lost) is logged here as failed."""
+        died (killed, out of memory, its node lost) is logged here as failed. While jobs wait, look
+        for room again every ``ADMIT_EVERY_S``."""
+        last_admit = 0.0
         while True:
             with self.lock:
                 pending = {ref: job for job, ref in self.runs.items()
                            if job not in self.cancelling and job not in self.replacing}
+                if self.waiting and time.monotonic() - last_admit > ADMIT_EVERY_S:
+                    last_admit = time.monotonic()
+                    try:
+                        self._admit()  # slots may have freed outside the engine (another actor ended)
+                    except Exception as exc:  # a group that failed to start: the job waits, the watch goes on
+                        _log.warning("engine: admitting %s: %s", self.waiting[0], fault_reason(exc))
             if not pending:
                 time.sleep(0.2)
                 continue

@@ -23,10 +23,18 @@ TOOLS = JobSpec(task="arith-tools", model="tiny-arith-tools", steps=2, seed=1, r
 
 
 @pytest.fixture(scope="module")
-def engine(ray_engine, plexrl_home, tiny_model_dir, tiny_tools_model_dir):
-    # one device slot a group: the torch trainer and one vLLM group fill the session node's two
-    assert sum(n["Resources"].get("device", 0) for n in ray.nodes() if n["Alive"]) == 2
-    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=1.0, threads=1))
+def slots(worker_group) -> float:
+    """Device slots a group takes here: half of those free, so the torch trainer and one vLLM group
+    fill the node. The session's worker group (not the engine's) holds one of the node's two: the
+    service must count it as taken, as Ray does."""
+    free = ray.available_resources().get("device", 0)
+    assert 0 < free < sum(n["Resources"].get("device", 0) for n in ray.nodes() if n["Alive"])
+    return free / 2
+
+
+@pytest.fixture(scope="module")
+def engine(slots, plexrl_home, tiny_model_dir, tiny_tools_model_dir):
+    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=slots, threads=1))
     yield client
     client.shutdown()
 
@@ -35,14 +43,14 @@ def generate_wpgs(events: list[dict]) -> set[str]:
     return {e["data"]["wpg"] for e in events if e["kind"] == "usage" and e["data"]["fn"] == "generate"}
 
 
-def test_two_model_configurations_each_get_a_vllm_group_and_the_one_that_does_not_fit_waits(engine):
+def test_two_model_configurations_each_get_a_vllm_group_and_the_one_that_does_not_fit_waits(engine, slots):
     first = engine.submit_job("adm-arith", ARITH)
     assert first["active"]
     second = engine.submit_job("adm-tools", TOOLS)
     assert second["state"] == "queued"
     assert not second["active"]
     assert second["position"] == 1
-    assert "waiting for 1 device slots for its vllm rollout worker group" in second["reason"]
+    assert f"waiting for {slots:g} device slots for its vllm rollout worker group" in second["reason"]
     assert ray.get_actor("driver:adm-arith", namespace="plexrl")  # the running job's driver
     with pytest.raises(ValueError, match="driver:adm-tools"):
         ray.get_actor("driver:adm-tools", namespace="plexrl")  # a queued job holds no driver
