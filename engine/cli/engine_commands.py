@@ -261,9 +261,9 @@ def format_snapshot(snap: dict) -> str:
     def short(node_id: str | None) -> str:
         return (node_id or "-")[:12]
 
-    nodes = format_table(("node", "node group", "devices", "free"),
-                         [(short(n["id"]), short(n["node_group"]), n["devices"], f"{n['free_devices']:g}")
-                          for n in snap.get("nodes", [])], right=(2, 3))
+    nodes = format_table(("node", "node group", "devices", "engine", "free"),
+                         [(short(n["id"]), short(n["node_group"]), n["devices"], f"{n['held_devices']:g}",
+                           f"{n['free_devices']:g}") for n in snap.get("nodes", [])], right=(2, 3, 4))
     wpgs = format_table(("wpg", "node", "side", "backend", "devices", "models", "resident jobs"),
                         [(w["name"], short(w["node"]), w["side"], w["backend"], f"{w['devices']:g}",
                           ",".join(w["models"]) or "-", ",".join(w["resident_jobs"]) or "-")

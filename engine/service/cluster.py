@@ -92,14 +92,23 @@ def ray_free_devices() -> dict[str, float]:
     return {node: float(r.get("GPU", 0) or r.get(DEVICE_RESOURCE, 0)) for node, r in per_node.items()}
 
 
-def node_usage(nodes: Iterable[Node], held: Iterable[tuple[str, float]]) -> list[dict[str, Any]]:
-    """Each node with its free device slots, given the slots worker groups hold as (node id,
-    devices) pairs (one per rank); slots held on a node that left are not counted anywhere."""
+def node_usage(nodes: Iterable[Node], held: Iterable[tuple[str, float]],
+               ray_free: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+    """Each node with the device slots the engine's worker groups hold there (``held``: (node id,
+    devices) pairs, one per rank; slots held on a node that left are not counted anywhere) and
+    its free slots: the rest, or fewer where Ray counts fewer free (``ray_free``: other actors
+    may hold slots)."""
     taken: dict[str, float] = {}
     for node_id, devices in held:
         taken[node_id] = taken.get(node_id, 0.0) + devices
-    return [{"id": n.id, "node_group": n.node_group, "address": n.address, "devices": n.devices,
-             "free_devices": n.devices - taken.get(n.id, 0.0)} for n in nodes]
+    out = []
+    for n in nodes:
+        free = n.devices - taken.get(n.id, 0.0)
+        if ray_free and n.id in ray_free:
+            free = min(free, ray_free[n.id])
+        out.append({"id": n.id, "node_group": n.node_group, "address": n.address, "devices": n.devices,
+                    "held_devices": taken.get(n.id, 0.0), "free_devices": free})
+    return out
 
 
 def architecture(model: str) -> str | None:

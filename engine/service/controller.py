@@ -111,10 +111,7 @@ class EngineService:
         idle = [k for k in sorted(self.groups) if k not in used]
         while True:
             held = [(node, g.devices / len(g.ranks)) for g in self.groups.values() for node in g.nodes]
-            usage = node_usage(read_nodes(), held)
-            ray_free = ray_free_devices()  # slots others hold (actors not the engine's) are not free either
-            for u in usage:
-                u["free_devices"] = min(u["free_devices"], ray_free.get(u["id"], u["free_devices"]))
+            usage = node_usage(read_nodes(), held, ray_free_devices())  # others may hold slots too
             if fits([u["free_devices"] for u in usage], need):
                 return None
             if not idle:
@@ -304,7 +301,7 @@ class EngineService:
     def cluster_snapshot(self) -> dict[str, Any]:
         """The groups, jobs and scheduler counters; the cluster's ``nodes`` as Ray reports them
         now (with the device slots the groups leave free) and the ``wpgs`` placed on them."""
-        from engine.service.cluster import architecture, node_usage, read_nodes
+        from engine.service.cluster import architecture, node_usage, ray_free_devices, read_nodes
 
         stats = ray.get(self._scheduler().stats.remote()) if self.groups else {}
         resident = stats.get("resident", {})
@@ -318,7 +315,7 @@ class EngineService:
             "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
                         "devices": self.config.devices_per_group, "max_resident": self.config.max_resident}
                        for (side, kind, ranks, _), g in sorted(self.groups.items())],
-            "nodes": node_usage(read_nodes(), per_rank),
+            "nodes": node_usage(read_nodes(), per_rank, ray_free_devices()),
             "wpgs": [{"name": g.name, "node": g.nodes[0] if g.nodes else None, "rank_nodes": list(g.nodes),
                       "side": side, "backend": kind, "models": sorted(models.get(g.name, ())),
                       "architectures": sorted({a for m in models.get(g.name, ()) if (a := architecture(m))}),

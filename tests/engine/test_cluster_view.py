@@ -53,7 +53,12 @@ def test_nodes_come_by_node_group_and_their_free_slots_less_what_groups_hold():
                             ray_node("x", {"device": 2.0, "node_group:a": 1.0})])
     assert [(n.id, n.node_group) for n in nodes] == [("x", "a"), ("z", "a"), ("y", "b")]
     usage = node_usage(nodes, [("z", 1.0), ("z", 1.0), ("y", 0.5), ("gone", 2.0)])
-    assert [(u["id"], u["devices"], u["free_devices"]) for u in usage] == [("x", 2, 2.0), ("z", 2, 0.0), ("y", 4, 3.5)]
+    assert [(u["id"], u["devices"], u["held_devices"], u["free_devices"]) for u in usage] == [
+        ("x", 2, 0.0, 2.0), ("z", 2, 2.0, 0.0), ("y", 4, 0.5, 3.5)]
+    # Ray counts fewer free where another actor holds slots; never more than the engine leaves
+    capped = node_usage(nodes, [("y", 0.5)], {"x": 1.0, "y": 4.0})
+    assert [(u["id"], u["held_devices"], u["free_devices"]) for u in capped] == [
+        ("x", 0.0, 1.0), ("z", 0.0, 2.0), ("y", 0.5, 3.5)]
 
 
 def test_node_groups_are_the_placer_s_domains():

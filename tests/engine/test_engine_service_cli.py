@@ -56,7 +56,7 @@ def test_start_status_and_stop_the_engine_service_on_a_ray_cluster(ray_head):
     assert json.loads(status.stdout) == snapshot
     table = plexrl({**env, "RAY_ADDRESS": address}, "engine", "status")
     assert table.returncode == 0, table.stderr[-3000:]
-    assert table.stdout.split("\n")[0].split() == ["node", "node", "group", "devices", "free"]
+    assert table.stdout.split("\n")[0].split() == ["node", "node", "group", "devices", "engine", "free"]
     assert node["id"][:12] in table.stdout
     assert "no worker group yet" in table.stdout
 

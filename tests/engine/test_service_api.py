@@ -9,6 +9,7 @@ import statistics
 import time
 
 import pytest
+import ray
 
 from engine.control import EngineClient
 from engine.errors import SpecError, UnknownJob
@@ -178,7 +179,9 @@ def test_cluster_snapshot_lists_the_node_the_wpgs_run_on_and_the_jobs_on_them(en
     for w in wpgs.values():
         assert w["node"] == node["id"]
         assert w["rank_nodes"] == [node["id"]]
-    assert node["devices"] - node["free_devices"] == pytest.approx(sum(w["devices"] for w in snap["wpgs"]))
+    assert node["held_devices"] == pytest.approx(sum(w["devices"] for w in snap["wpgs"]))
+    # free: what neither the engine's groups nor other actors (the session's worker group) hold
+    assert node["free_devices"] == pytest.approx(ray.available_resources().get("device", 0))
     for key in (("train", "torch"), ("rollout", "torch")):
         assert wpgs[key]["models"] == ["tiny-arith"]
         assert wpgs[key]["architectures"] == ["Qwen2ForCausalLM"]
