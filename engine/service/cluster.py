@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.scheduler.admission import Domain
-from engine.workers.group import DEVICE_RESOURCE
 
 GROUP_LABEL = "plexrl.node_group"
 GROUP_RESOURCE = "node_group:"
@@ -43,7 +42,7 @@ def nodes_from_ray(raw: Iterable[Mapping[str, Any]]) -> list[Node]:
         if not entry.get("Alive"):
             continue
         resources = entry.get("Resources") or {}
-        devices = int(resources.get("GPU", 0) or resources.get(DEVICE_RESOURCE, 0))
+        devices = int(_slots(resources))
         if devices <= 0:
             continue
         node_id = entry["NodeID"]
@@ -89,7 +88,19 @@ def ray_free_devices() -> dict[str, float]:
         per_node = available_resources_per_node()
     except (ImportError, AttributeError):
         return {}
-    return {node: float(r.get("GPU", 0) or r.get(DEVICE_RESOURCE, 0)) for node, r in per_node.items()}
+    return {node: float(_slots(r)) for node, r in per_node.items()}
+
+
+def _slots(resources: Mapping[str, float]) -> float:
+    """A node's device slots in a Ray resource map: its GPUs, else its ``device`` resource."""
+    from engine.workers.group import DEVICE_RESOURCE  # torch: not for every importer of the controller
+
+    return resources.get("GPU", 0) or resources.get(DEVICE_RESOURCE, 0)
+
+
+def held_slots(groups: Iterable[Any]) -> list[tuple[str, float]]:
+    """(node id, device slots) for each rank of these worker groups, for ``node_usage``."""
+    return [(node, g.devices / len(g.ranks)) for g in groups for node in g.nodes]
 
 
 def node_usage(nodes: Iterable[Node], held: Iterable[tuple[str, float]],

@@ -30,7 +30,15 @@ from ray.exceptions import RayActorError
 
 from engine.errors import UnknownJob, fault_reason, is_engine_fault
 from engine.paths import events_path
-from engine.service.cluster import rollout_affinity
+from engine.service.cluster import (
+    architecture,
+    fits,
+    held_slots,
+    node_usage,
+    ray_free_devices,
+    read_nodes,
+    rollout_affinity,
+)
 from engine.service.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
 from engine.service.tenants import TenantBook
 from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
@@ -88,9 +96,8 @@ class EngineService:
         from engine.workers.group import Swapping, WorkerGroup
 
         side, kind, ranks, affinity = key
+        # (a group of this name released or lost before is gone: _release_group and _heal wait for that)
         name = f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else "") + (f"-{affinity}" if affinity else "")
-        for rank in range(ranks):  # a group of this name released before: its ranks must be gone
-            _wait_name_free(f"wpg:{name}:{rank}")
         return WorkerGroup.start(
             name, kind, world_size=ranks, threads=self.config.threads, data_dir=self.data_dir,
             devices_per_rank=self.config.devices_per_group / ranks,
@@ -101,8 +108,6 @@ class EngineService:
         """Make room for the groups ``job_id`` needs that do not run yet: None when they fit on the
         nodes' free device slots (releasing groups no running job uses, if that is what it takes),
         else why the job waits. Holds the lock."""
-        from engine.service.cluster import fits, node_usage, ray_free_devices, read_nodes
-
         missing = [k for k in self.job_groups[job_id] if k not in self.groups]
         if not missing:
             return None
@@ -110,8 +115,8 @@ class EngineService:
         used = {k for job in [*self.drivers, job_id] for k in self.job_groups.get(job, ())}
         idle = [k for k in sorted(self.groups) if k not in used]
         while True:
-            held = [(node, g.devices / len(g.ranks)) for g in self.groups.values() for node in g.nodes]
-            usage = node_usage(read_nodes(), held, ray_free_devices())  # others may hold slots too
+            # free as the engine counts it, and as Ray does (other actors may hold slots too)
+            usage = node_usage(read_nodes(), held_slots(self.groups.values()), ray_free_devices())
             if fits([u["free_devices"] for u in usage], need):
                 return None
             if not idle:
@@ -124,15 +129,13 @@ class EngineService:
     def _release_group(self, key: GroupKey) -> None:
         """Shut down a group no job uses (its devices are needed for another), and return once
         its ranks are gone and Ray counts their device slots free (or after ``RELEASE_WAIT_S``)."""
-        from engine.service.cluster import ray_free_devices
-
         group = self.groups.pop(key)
         with contextlib.suppress(RayActorError):
             ray.get(self._scheduler().remove_groups.remote([group.name]))
         before = ray_free_devices()
         freed: dict[str, float] = {}
-        for node in group.nodes:
-            freed[node] = freed.get(node, 0.0) + group.devices / len(group.ranks)
+        for node, slots in held_slots([group]):
+            freed[node] = freed.get(node, 0.0) + slots
         group.shutdown()
         for rank in range(len(group.ranks)):
             _wait_name_free(f"wpg:{group.name}:{rank}")
@@ -301,8 +304,6 @@ class EngineService:
     def cluster_snapshot(self) -> dict[str, Any]:
         """The groups, jobs and scheduler counters; the cluster's ``nodes`` as Ray reports them
         now (with the device slots the groups leave free) and the ``wpgs`` placed on them."""
-        from engine.service.cluster import architecture, node_usage, ray_free_devices, read_nodes
-
         stats = ray.get(self._scheduler().stats.remote()) if self.groups else {}
         resident = stats.get("resident", {})
         models: dict[str, set[str]] = {}  # group name -> models of the running jobs that use it
@@ -310,12 +311,11 @@ class EngineService:
             for key in self.job_groups[job] if job in self.drivers else ():
                 if key in self.groups:
                     models.setdefault(self.groups[key].name, set()).add(spec.model)
-        per_rank = [(node, g.devices / len(g.ranks)) for g in self.groups.values() for node in g.nodes]
         return {
             "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
                         "devices": self.config.devices_per_group, "max_resident": self.config.max_resident}
                        for (side, kind, ranks, _), g in sorted(self.groups.items())],
-            "nodes": node_usage(read_nodes(), per_rank, ray_free_devices()),
+            "nodes": node_usage(read_nodes(), held_slots(self.groups.values()), ray_free_devices()),
             "wpgs": [{"name": g.name, "node": g.nodes[0] if g.nodes else None, "rank_nodes": list(g.nodes),
                       "side": side, "backend": kind, "models": sorted(models.get(g.name, ())),
                       "architectures": sorted({a for m in models.get(g.name, ()) if (a := architecture(m))}),

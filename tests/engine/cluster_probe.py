@@ -14,13 +14,12 @@ from pathlib import Path
 import ray
 from ray.cluster_utils import Cluster
 
-from engine.service.cluster import node_usage, read_nodes
+from engine.service.cluster import held_slots, node_usage, read_nodes
 from engine.workers.group import WorkerGroup
 
 
 def snapshot(groups: list[WorkerGroup]) -> list[dict]:
-    held = [(node, g.devices / len(g.ranks)) for g in groups for node in g.nodes]
-    return node_usage(read_nodes(), held)
+    return node_usage(read_nodes(), held_slots(groups))
 
 
 def wait_for(predicate, timeout_s: float = 60.0) -> None:
