@@ -7,15 +7,16 @@ is, first found: the node label ``plexrl.node_group`` (``ray start --labels``), 
 ``node_group:<name>`` (``ray start --resources``), else the node alone (its id). Nodes without
 device slots (a head node that only runs the controller) are not listed: nothing is placed there.
 
-``nodes_from_ray``, ``node_usage`` and ``domains`` (the node groups as the placer's domains) are
-pure (tested on tables); ``read_nodes`` reads Ray now, so a node that joined or left is seen at the
-next read.
+``nodes_from_ray``, ``node_usage``, ``domains`` (the node groups as the placer's domains) and
+``choose_nodes`` (where new worker groups go) are pure (tested on tables); ``read_nodes`` reads Ray
+now, so a node that joined or left is seen at the next read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,40 @@ def domains(nodes: Iterable[Node]) -> list[Domain]:
             raise ValueError(f"node group {name!r} mixes nodes of {sizes} device slots; give each size a group")
         out.append(Domain(name, len(groups[name]), sizes[0]))
     return out
+
+
+#: Device slots in the placer's whole devices: worker groups may hold fractions of a slot.
+SLOT_UNITS = 100
+
+
+def choose_nodes(usage: Sequence[Mapping[str, Any]], sizes: Sequence[float],
+                 prefer: Iterable[str] = ()) -> list[str] | None:
+    """Nodes for new worker groups of ``sizes`` device slots (a group's ranks share one node), as
+    the placer lays WPGs on a domain (``Domain.plan``: the largest first, each on the fullest node
+    that holds it), all in one node group: one of ``prefer`` (node groups the job's other groups
+    are on) first, else the one they leave with the fewest free slots (best fit), then by name.
+    ``usage``: ``node_usage`` rows. None when no node group holds them all now."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in usage:
+        groups.setdefault(row["node_group"], []).append(row)
+    units = [round(size * SLOT_UNITS) for size in sizes]
+    preferred = set(prefer)
+    best, best_key = None, None
+    for name, rows in sorted(groups.items()):
+        per_node = round(max(r["devices"] for r in rows) * SLOT_UNITS)
+        domain = Domain(name, len(rows), per_node)
+        for i, row in enumerate(rows):  # a smaller node of a mixed group: its slots, never more
+            room = min(row["free_devices"], row["devices"]) * SLOT_UNITS
+            domain.free[i] = list(range(max(0, math.floor(room + 1e-6))))
+        if any(u > per_node for u in units):
+            continue  # a group never spans nodes
+        plan = domain.plan(units)
+        if plan is None:
+            continue
+        key = (name not in preferred, domain.free_devices() - sum(units), name)
+        if best_key is None or key < best_key:
+            best, best_key = [rows[devices[0][0]]["id"] for devices in plan], key
+    return best
 
 
 def read_nodes() -> list[Node]:

@@ -32,7 +32,7 @@ from engine.errors import UnknownJob, fault_reason, is_engine_fault
 from engine.paths import events_path
 from engine.service.cluster import (
     architecture,
-    fits,
+    choose_nodes,
     held_slots,
     node_usage,
     ray_free_devices,
@@ -91,7 +91,8 @@ class EngineService:
         return [("train", spec.trainer, spec.tp, ""),
                 ("rollout", spec.rollout, 1, rollout_affinity(spec.model) if spec.rollout == "vllm" else "")]
 
-    def _start_group(self, key: GroupKey) -> Any:
+    def _start_group(self, key: GroupKey, node: str | None = None) -> Any:
+        """Start the group ``key`` names, its ranks on ``node`` (None: on one node Ray picks)."""
         from engine.api import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
         from engine.workers.group import Swapping, WorkerGroup
 
@@ -102,28 +103,33 @@ class EngineService:
             name, kind, world_size=ranks, threads=self.config.threads, data_dir=self.data_dir,
             devices_per_rank=self.config.devices_per_group / ranks,
             swapping=Swapping(max_resident=self.config.max_resident),
-            serves=TRAIN_FUNCTIONS if side == "train" else ROLLOUT_FUNCTIONS)
+            serves=TRAIN_FUNCTIONS if side == "train" else ROLLOUT_FUNCTIONS, node=node)
 
-    def _room_for(self, job_id: str) -> str | None:
-        """Make room for the groups ``job_id`` needs that do not run yet: None when they fit on the
-        nodes' free device slots (releasing groups no running job uses, if that is what it takes),
-        else why the job waits. Holds the lock."""
+    def _room_for(self, job_id: str) -> dict[GroupKey, str] | str:
+        """Make room for the groups ``job_id`` needs that do not run yet: the node each goes on
+        (``choose_nodes``: one node group, the one its running groups are on first), releasing
+        groups no running job uses if that is what it takes; else why the job waits. Holds the
+        lock."""
         missing = [k for k in self.job_groups[job_id] if k not in self.groups]
         if not missing:
-            return None
-        need = [self.config.devices_per_group / k[2] for k in missing for _ in range(k[2])]  # per rank
+            return {}
+        sizes = [self.config.devices_per_group] * len(missing)  # each on one node
         used = {k for job in [*self.drivers, job_id] for k in self.job_groups.get(job, ())}
         idle = [k for k in sorted(self.groups) if k not in used]
         while True:
             # free as the engine counts it, and as Ray does (other actors may hold slots too)
             usage = node_usage(read_nodes(), held_slots(self.groups.values()), ray_free_devices())
-            if fits([u["free_devices"] for u in usage], need):
-                return None
+            group_of = {row["id"]: row["node_group"] for row in usage}
+            own = {group_of.get(n) for k in self.job_groups[job_id] if k in self.groups for n in self.groups[k].nodes}
+            nodes = choose_nodes(usage, sizes, prefer=own - {None})
+            if nodes is not None:
+                return dict(zip(missing, nodes, strict=True))
             if not idle:
                 groups = ", ".join(f"{k[1]} {k[0]}" for k in missing)
                 free, total = sum(u["free_devices"] for u in usage), sum(u["devices"] for u in usage)
-                return (f"waiting for {sum(need):g} device slots for its {groups} worker group(s): "
-                        f"{free:g} of {total} free, every group in use")
+                return (f"waiting for {sum(sizes):g} device slots for its {groups} worker group(s), "
+                        f"{self.config.devices_per_group:g} on one node each: {free:g} of {total} free, "
+                        f"every group in use")
             self._release_group(idle.pop(0))
 
     def _release_group(self, key: GroupKey) -> None:
@@ -151,15 +157,14 @@ class EngineService:
         fit holds the later ones (so none waits forever). Holds the lock."""
         while self.waiting and not self.closing:
             job_id = self.waiting[0]
-            why = self._room_for(job_id)
-            if why is not None:
-                self.reasons[job_id] = why
+            room = self._room_for(job_id)
+            if isinstance(room, str):
+                self.reasons[job_id] = room
                 for later in self.waiting[1:]:
                     self.reasons[later] = f"behind {job_id} in the queue"
                 return
-            for key in self.job_groups[job_id]:
-                if key not in self.groups:
-                    self.groups[key] = self._start_group(key)
+            for key, node in room.items():
+                self.groups[key] = self._start_group(key, node)
             self.waiting.pop(0)
             self.reasons.pop(job_id, None)
             self._start_driver(job_id)
@@ -462,7 +467,12 @@ class EngineService:
             group.shutdown()
             for rank in range(len(group.ranks)):
                 _wait_name_free(f"wpg:{group.name}:{rank}")
-            self.groups[key] = self._start_group(key)
+            del self.groups[key]
+            usage = node_usage(read_nodes(), held_slots(self.groups.values()), ray_free_devices())
+            group_of = {row["id"]: row["node_group"] for row in usage}
+            # where it was, if that node group is still there and has room; else where there is room
+            node = choose_nodes(usage, [self.config.devices_per_group], prefer={group_of.get(n) for n in group.nodes})
+            self.groups[key] = self._start_group(key, node[0] if node else None)
             ray.get(scheduler.add_groups.remote([self.groups[key]]))
             affected |= {job for job in self.drivers if key in self.job_groups.get(job, ())}
         return affected

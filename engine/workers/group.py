@@ -1,11 +1,20 @@
 """Worker process groups on Ray: ``WorkerRank`` actors and the ``WorkerGroup`` handle over them.
 
 A WPG is created once by the engine runtime and outlives jobs; the router sends it requests.
+
+Where a WPG runs: its ranks are packed on one node by a Ray placement group (``STRICT_PACK``, one
+bundle of device slots per rank), on the node the caller names (``node``: a Ray node id; the
+bundles select it by Ray's ``ray.io/node-id`` label) or, without one, where Ray finds room. A group
+whose bundles cannot be reserved in ``place_timeout_s`` is not started (``PlacementError``) and
+holds nothing. Ranks of a multi-rank group meet (torch.distributed rendezvous) at a port free on
+their node's address, so a group never depends on another node. Shutting a group down kills its
+ranks and removes its placement group, which frees its slots.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import socket
 import time
@@ -30,10 +39,36 @@ BULKY = frozenset({"generate", "forward", "forward_backward"})
 DEVICE_RESOURCE = "device"  # per-node custom resource: one slot per accelerator (or CPU slot)
 
 
-def _free_port() -> int:
+NODE_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
+PLACE_TIMEOUT_S = 60.0
+
+
+class PlacementError(RuntimeError):
+    """A worker group's ranks could not be reserved on one node (none had the slots free)."""
+
+
+@ray.remote(num_cpus=0)
+def _rendezvous() -> str:
+    """Run in a group's first bundle: an address its ranks can meet at, on their node."""
+    host = ray.util.get_node_ip_address()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        s.bind((host, 0))
+        return f"tcp://{host}:{s.getsockname()[1]}"
+
+
+def _reserve(name: str, world_size: int, slots: dict[str, float], node: str | None, timeout_s: float) -> Any:
+    """A placement group of one bundle per rank, packed on one node (``node`` if given)."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    selector = [{NODE_LABEL: node}] * world_size if node else None
+    pg = placement_group([dict(slots)] * world_size, strategy="STRICT_PACK", name=f"wpg:{name}",
+                         bundle_label_selector=selector)
+    if not pg.wait(timeout_s):
+        remove_placement_group(pg)
+        where = f"node {node}" if node else "any one node"
+        raise PlacementError(f"worker group {name}: {world_size} rank(s) of {slots} could not be reserved on "
+                             f"{where} within {timeout_s:g} s")
+    return pg
 
 
 @dataclass(frozen=True)
@@ -230,33 +265,49 @@ class WorkerGroup:
     devices: float = 1.0  # device slots the group holds (ranks x devices per rank)
     max_resident: int = 0  # deployments it holds on its devices at once (0: all, no swapping)
     nodes: tuple[str, ...] = ()  # Ray node id of each rank
+    placement: Any = None  # its Ray placement group (removed at shutdown)
+    rendezvous: str | None = None  # where its ranks met (multi-rank groups)
 
     @classmethod
     def start(
         cls, name: str, kind: BackendKind | str = BackendKind.TORCH, *, world_size: int = 1,
         threads: int = 2, data_dir: Path, devices_per_rank: float = 1.0, swapping: Swapping | None = None,
-        serves: frozenset[str] | None = None,
+        serves: frozenset[str] | None = None, node: str | None = None, place_timeout_s: float = PLACE_TIMEOUT_S,
     ) -> WorkerGroup:
         """``serves``: the functions this group is for, a subset of its backend's (e.g. a torch group
-        that only rolls out, beside a torch group that only trains); default all of them."""
+        that only rolls out, beside a torch group that only trains); default all of them. ``node``:
+        the Ray node id its ranks go on (see the module's placement)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         kind = BackendKind(kind)
         offered = backend_class(kind).serves
         if serves is not None and not frozenset(serves) <= offered:
             raise ValueError(f"a {kind.value} group cannot serve {sorted(frozenset(serves) - offered)}")
-        # Ranks of a multi-rank group meet at a free local port (torch.distributed rendezvous).
-        dist_url = f"tcp://127.0.0.1:{_free_port()}" if world_size > 1 else None
         # On a GPU node a device slot is a GPU: Ray hands each rank its share (CUDA_VISIBLE_DEVICES).
         gpus = devices_per_rank if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        ranks = [
-            WorkerRank.options(
-                name=f"wpg:{name}:{rank}", resources={DEVICE_RESOURCE: devices_per_rank}, num_gpus=gpus,
-            ).remote(kind.value, rank, world_size, threads, str(data_dir), dist_url, name, swapping)
-            for rank in range(world_size)
-        ]
-        infos = ray.get([r.info.remote() for r in ranks])
+        slots = {DEVICE_RESOURCE: devices_per_rank, **({"GPU": gpus} if gpus else {})}
+        pg = _reserve(name, world_size, slots, node, place_timeout_s)
+        try:
+            def bundle(rank: int) -> PlacementGroupSchedulingStrategy:
+                return PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank)
+
+            dist_url = ray.get(_rendezvous.options(scheduling_strategy=bundle(0)).remote()) if world_size > 1 else None
+            ranks = [
+                WorkerRank.options(
+                    name=f"wpg:{name}:{rank}", resources={DEVICE_RESOURCE: devices_per_rank}, num_gpus=gpus,
+                    scheduling_strategy=bundle(rank),
+                ).remote(kind.value, rank, world_size, threads, str(data_dir), dist_url, name, swapping)
+                for rank in range(world_size)
+            ]
+            infos = ray.get([r.info.remote() for r in ranks])
+        except BaseException:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(pg)  # its ranks die with it
+            raise
         return cls(name=name, kind=kind, ranks=ranks, serves=frozenset(serves) if serves is not None else offered,
                    devices=world_size * devices_per_rank, max_resident=swapping.max_resident if swapping else 0,
-                   nodes=tuple(info["node"] for info in infos))
+                   nodes=tuple(info["node"] for info in infos), placement=pg, rendezvous=dist_url)
 
     def create(self, deployment, model_dir: Path, *, trainable: bool, optimizer: OptimizerConfig | None):
         refs = [r.create.remote(deployment, str(model_dir), trainable, optimizer) for r in self.ranks]
@@ -290,6 +341,11 @@ class WorkerGroup:
     def shutdown(self) -> None:
         for r in self.ranks:
             ray.kill(r)
+        if self.placement is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):  # removed already, or its node is gone with it
+                remove_placement_group(self.placement)
 
 
 # The registry lives with its only caller: the backends import backend.py, never the other way round.

@@ -1,7 +1,9 @@
 """Run by ``test_cluster_view``: a Ray cluster of several nodes on this machine (a head node with no
 device slots, two nodes of node group "a" named by resource, one of node group "b" named by label),
-read as the engine reads it: before and after a worker group starts, a node joins, and a node dies.
-Prints one JSON object. A process of its own: the test session's Ray is another cluster."""
+read as the engine reads it: before and after a worker group starts, a tensor-parallel group is
+placed on the node ``choose_nodes`` picks (its ranks meet there), a group too large for any node is
+refused, a group is released, a node joins, and a node dies. Prints one JSON object. A process of
+its own: the test session's Ray is another cluster."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ from pathlib import Path
 import ray
 from ray.cluster_utils import Cluster
 
-from engine.service.cluster import held_slots, node_usage, read_nodes
-from engine.workers.group import WorkerGroup
+from engine.service.cluster import choose_nodes, held_slots, node_usage, ray_free_devices, read_nodes
+from engine.workers.group import PlacementError, WorkerGroup
 
 
 def snapshot(groups: list[WorkerGroup]) -> list[dict]:
@@ -28,6 +30,34 @@ def wait_for(predicate, timeout_s: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("the cluster did not change in time")
         time.sleep(0.2)
+
+
+def tensor_parallel(data_dir: Path, group: WorkerGroup) -> dict:
+    """A Megatron TP=2 group (two ranks of one slot, which meet in torch.distributed) on the node
+    ``choose_nodes`` picks; a group no node holds; the TP group's release."""
+    out = {"addresses": {n.id: n.address for n in read_nodes()}}
+    (target,) = choose_nodes(node_usage(read_nodes(), held_slots([group]), ray_free_devices()), [2.0])
+    tp = WorkerGroup.start("probe-tp", "megatron", world_size=2, threads=1, data_dir=data_dir, devices_per_rank=1,
+                           node=target)
+    out.update(tp_target=target, tp_nodes=list(tp.nodes), tp_rendezvous=tp.rendezvous)
+    out["with_tp"] = snapshot([group, tp])
+    try:
+        WorkerGroup.start("probe-big", "torch", world_size=1, threads=1, data_dir=data_dir, devices_per_rank=3,
+                          place_timeout_s=3)
+    except PlacementError as exc:
+        out["too_big"] = str(exc)
+    out["big_left"] = [pg["state"] for pg in ray.util.placement_group_table().values()
+                       if pg["name"] == "wpg:probe-big" and pg["state"] != "REMOVED"]
+    # pinned where the caller says, whatever Ray would pick: the one-slot node of group "b"
+    b = next(n.id for n in read_nodes() if n.node_group == "b")
+    pinned = WorkerGroup.start("probe-pin", "torch", world_size=1, threads=1, data_dir=data_dir,
+                               devices_per_rank=0.5, node=b)
+    out.update(b=b, pinned_nodes=list(pinned.nodes))
+    pinned.shutdown()
+    tp.shutdown()
+    wait_for(lambda: ray_free_devices().get(target, 0.0) == 2.0)
+    out["tp_released"] = ray_free_devices().get(target, 0.0)
+    return out
 
 
 def main(data_dir: Path) -> None:
@@ -43,6 +73,7 @@ def main(data_dir: Path) -> None:
         group = WorkerGroup.start("probe", "torch", world_size=1, threads=1, data_dir=data_dir, devices_per_rank=2)
         out["wpg_nodes"] = list(group.nodes)
         out["placed"] = snapshot([group])
+        out.update(tensor_parallel(data_dir, group))
         joined = cluster.add_node(num_cpus=1, resources={"device": 4, "node_group:b": 1})
         wait_for(lambda: any(n.id == joined.node_id for n in read_nodes()))
         out["joined"] = joined.node_id

@@ -13,7 +13,7 @@ import pytest
 
 from engine.errors import ModelNotFound
 from engine.scheduler.admission import Demand, JobShape, Placer
-from engine.service.cluster import Node, domains, node_usage, nodes_from_ray, rollout_affinity
+from engine.service.cluster import Node, choose_nodes, domains, node_usage, nodes_from_ray, rollout_affinity
 
 
 def ray_node(node_id: str, resources: dict, *, alive: bool = True, labels: dict | None = None) -> dict:
@@ -74,6 +74,32 @@ def test_node_groups_are_the_placer_s_domains():
         domains([Node("n1", "a", 2), Node("n2", "a", 4)])
 
 
+def rows(*nodes):
+    """node_usage rows from (id, node group, devices, free)."""
+    return [{"id": i, "node_group": g, "devices": d, "free_devices": f} for i, g, d, f in nodes]
+
+
+@pytest.mark.parametrize(("usage", "sizes", "prefer", "expected"), [
+    # the fullest node that holds a group (best fit), so emptier nodes stay whole
+    (rows(("x", "a", 2, 2.0), ("y", "a", 2, 1.0)), [1.0], (), ["y"]),
+    # the largest group first: 2 slots go to x (y has 1), then 1 slot to y
+    (rows(("x", "a", 2, 2.0), ("y", "a", 2, 1.0)), [1.0, 2.0], (), ["y", "x"]),
+    # all of a job's new groups in one node group: b holds both, a only one
+    (rows(("x", "a", 2, 1.0), ("y", "b", 4, 4.0)), [1.0, 1.0], (), ["y", "y"]),
+    # where both fit: the node group left with the fewest free slots, unless the job's is another
+    (rows(("x", "a", 2, 2.0), ("y", "b", 4, 4.0)), [1.0], (), ["x"]),
+    (rows(("x", "a", 2, 2.0), ("y", "b", 4, 4.0)), [1.0], ("b",), ["y"]),
+    # a preferred node group without room: another one
+    (rows(("x", "a", 2, 0.0), ("y", "b", 4, 4.0)), [1.0], ("a",), ["y"]),
+    # fractions of a slot (groups of 0.25 slots: the fullest node first) and a group never spanning nodes
+    (rows(("x", "a", 1, 0.5), ("y", "a", 1, 0.25)), [0.25, 0.25, 0.25], (), ["y", "x", "x"]),
+    (rows(("x", "a", 1, 1.0), ("y", "a", 1, 1.0)), [1.5], (), None),
+    (rows(("x", "a", 2, 1.0), ("y", "b", 2, 1.0)), [1.0, 1.0], (), None),
+])
+def test_new_worker_groups_go_where_the_placer_would_lay_them(usage, sizes, prefer, expected):
+    assert choose_nodes(usage, sizes, prefer) == expected
+
+
 def model_folder(path, **config) -> str:
     path.mkdir()
     (path / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 64,
@@ -111,6 +137,19 @@ def test_a_cluster_of_several_ray_nodes_as_the_engine_reads_it(tmp_path):
     assert start[wpg_node]["node_group"] == "a"
     placed = {n["id"]: n["free_devices"] for n in out["placed"]}
     assert placed == {i: n["devices"] - (2 if i == wpg_node else 0) for i, n in start.items()}
+
+    # the TP group on the node choose_nodes picked (the other "a" node: the only one with 2 free),
+    # both ranks there, meeting at that node's address; the slots free again once it is released
+    assert start[out["tp_target"]]["node_group"] == "a"
+    assert out["tp_target"] != wpg_node
+    assert out["tp_nodes"] == [out["tp_target"]] * 2
+    assert out["tp_rendezvous"].startswith(f"tcp://{out['addresses'][out['tp_target']]}:")
+    assert {n["id"]: n["free_devices"] for n in out["with_tp"]}[out["tp_target"]] == 0
+    assert out["too_big"] == ("worker group probe-big: 1 rank(s) of {'device': 3} could not be reserved on "
+                              "any one node within 3 s")
+    assert out["big_left"] == []  # refused, it holds nothing
+    assert out["pinned_nodes"] == [out["b"]]
+    assert out["tp_released"] == 2.0
 
     joined = {n["id"]: n for n in out["after_join"]}
     assert set(joined) == set(start) | {out["joined"]}
