@@ -107,14 +107,25 @@ class StateManager:
             self.fast.close()
         self.store.close()
 
+    def root(self) -> str:
+        """Its disk tier's folder."""
+        return str(self.store.root)
+
     def pid(self) -> int:
         import os
 
         return os.getpid()
 
 
+def state_root(data_dir: Path, node_id: str) -> Path:
+    """A node's disk tier: its own folder, so that on storage the nodes share no manager reads,
+    recovers or deletes another's files."""
+    return Path(data_dir) / "state" / node_id
+
+
 def state_manager(data_dir: Path, *, host_budget: int | None = None, node_id: str | None = None):
-    """This node's StateManager, started on first use (one per node, found by name)."""
+    """This node's StateManager (``node_id``'s, else the caller's node's), started on first use
+    (one per node, found by name), its disk tier in ``state_root``."""
     node_id = node_id or ray.get_runtime_context().get_node_id()
     name = NAME.format(node=node_id[:12])
     try:
@@ -124,7 +135,7 @@ def state_manager(data_dir: Path, *, host_budget: int | None = None, node_id: st
     return StateManager.options(
         name=name, get_if_exists=True, lifetime="detached",
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
-    ).remote(str(Path(data_dir) / "state"), str(default_host_dir(node_id[:12])), host_budget)
+    ).remote(str(state_root(data_dir, node_id)), str(default_host_dir(node_id[:12])), host_budget)
 
 
 def stop_state_manager() -> None:

@@ -2,7 +2,8 @@
 device slots, two nodes of node group "a" named by resource, one of node group "b" named by label),
 read as the engine reads it: before and after a worker group starts, a tensor-parallel group is
 placed on the node ``choose_nodes`` picks (its ranks meet there), a group too large for any node is
-refused, a group is released, a node joins, and a node dies. Prints one JSON object. A process of
+refused, a group is released, two nodes' StateManagers keep their disk tiers apart, a node joins,
+and a node dies. Prints one JSON object. A process of
 its own: the test session's Ray is another cluster."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from engine.service.cluster import choose_nodes, held_slots, node_usage, ray_free_devices, read_nodes
+from engine.state.manager import state_manager
 from engine.workers.group import PlacementError, WorkerGroup
 
 
@@ -60,13 +62,45 @@ def tensor_parallel(data_dir: Path, group: WorkerGroup) -> dict:
     return out
 
 
+def restart_manager(data_dir: Path, node: str):
+    """Stop ``node``'s StateManager and start another (which recovers from its disk tier)."""
+    manager = state_manager(data_dir, node_id=node)
+    ray.get(manager.close.remote())
+    ray.kill(manager, no_restart=True)
+    wait_for(lambda: not _alive(f"state:{node[:12]}"))
+    manager = state_manager(data_dir, node_id=node)
+    ray.get(manager.pid.remote())
+    return manager
+
+
+def _alive(name: str) -> bool:
+    try:
+        ray.get_actor(name)
+    except ValueError:
+        return False
+    return True
+
+
+def disk_tiers(data_dir: Path, a: str, b: str) -> dict:
+    """StateManagers of nodes ``a`` and ``b`` on one data directory (storage the nodes share): a
+    file ``a``'s manager has not recorded yet (a materialize under way) survives ``b``'s recovery,
+    and goes at ``a``'s own."""
+    roots = {n: ray.get(state_manager(data_dir, node_id=n).root.remote()) for n in (a, b)}
+    stray = Path(roots[a]) / "blobs" / "u-in-flight.safetensors"
+    stray.write_bytes(b"written by a materialize under way")
+    restart_manager(data_dir, b)
+    kept = stray.exists()
+    restart_manager(data_dir, a)
+    return {"roots": roots, "stray_kept_by_other": kept, "stray_after_own": stray.exists()}
+
+
 def main(data_dir: Path) -> None:
     os.environ["RAY_AUTH_MODE"] = "disabled"
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     a1 = cluster.add_node(num_cpus=1, resources={"device": 2, "node_group:a": 1})
     cluster.add_node(num_cpus=1, resources={"device": 2, "node_group:a": 1})
     cluster.add_node(num_cpus=1, resources={"device": 1}, labels={"plexrl.node_group": "b"})
-    ray.init(address=cluster.address, log_to_driver=False)
+    ray.init(address=cluster.address, log_to_driver=False, namespace="probe")  # detached managers: a namespace
     try:
         cluster.wait_for_nodes()
         out = {"head": ray.get_runtime_context().get_node_id(), "a1": a1.node_id, "start": snapshot([])}
@@ -74,6 +108,7 @@ def main(data_dir: Path) -> None:
         out["wpg_nodes"] = list(group.nodes)
         out["placed"] = snapshot([group])
         out.update(tensor_parallel(data_dir, group))
+        out["disk"] = disk_tiers(data_dir, out["tp_target"], out["b"])
         joined = cluster.add_node(num_cpus=1, resources={"device": 4, "node_group:b": 1})
         wait_for(lambda: any(n.id == joined.node_id for n in read_nodes()))
         out["joined"] = joined.node_id

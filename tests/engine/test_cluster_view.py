@@ -149,6 +149,12 @@ def test_a_cluster_of_several_ray_nodes_as_the_engine_reads_it(tmp_path):
                               "any one node within 3 s")
     assert out["big_left"] == []  # refused, it holds nothing
     assert out["pinned_nodes"] == [out["b"]]
+
+    # each node's disk tier is its own folder; a manager's recovery never deletes another's files
+    disk = out["disk"]
+    assert disk["roots"] == {n: str(tmp_path / "state" / n) for n in (out["tp_target"], out["b"])}
+    assert disk["stray_kept_by_other"]
+    assert not disk["stray_after_own"]
     assert out["tp_released"] == 2.0
 
     joined = {n["id"]: n for n in out["after_join"]}
