@@ -70,6 +70,7 @@ class EngineClient:
 
         from engine.service.controller import EngineService
         from engine.service.runtime import EngineConfig, start_ray
+        from engine.support.local_node import here
 
         address = address or os.environ.get("RAY_ADDRESS") or None
         if not ray.is_initialized():
@@ -85,7 +86,10 @@ class EngineClient:
             except ValueError:
                 raise UnknownService(f"no engine service runs on the cluster at {address}") from None
             return
-        self.actor = EngineService.options(name=SERVICE_NAME, lifetime="detached", get_if_exists=True).remote(
+        # on this process's node (the platform's, e.g. a Ray cluster's head): never on a worker
+        # node whose loss would take the controller, the scheduler and the drivers with it
+        self.actor = EngineService.options(name=SERVICE_NAME, lifetime="detached", get_if_exists=True,
+                                           scheduling_strategy=here()).remote(
             str(self.data_dir), asdict(config or ServiceConfig()))
 
     def _call(self, method: str, *args: Any) -> Any:

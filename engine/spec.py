@@ -221,6 +221,18 @@ class ServiceConfig:
     threads: int = 1  # torch threads per rank (fixed: results must not depend on load)
     max_resident: int = 2  # job states a group holds at once; others wait on the host
     max_recoveries: int = 3  # restarts of a job after engine faults before it is failed
+    # a group no running job uses is released once idle this long (None: only when a waiting job
+    # needs its device slots)
+    idle_release_s: float | None = None
+    # each job on worker groups of its own, released when it ends: nothing shared (the dedicated
+    # baseline `plexrl bench cluster` measures the shared engine against)
+    dedicated: bool = False
+
+    def __post_init__(self):
+        if self.devices_per_group <= 0 or self.max_resident < 1 or self.max_recoveries < 0:
+            raise ValueError(f"invalid service config {self}")
+        if self.idle_release_s is not None and not self.idle_release_s >= 0:
+            raise ValueError(f"idle_release_s must be >= 0 or None, got {self.idle_release_s}")
 
 
 # A job's priority, by name: the factor the scheduler multiplies its calls' response ratios by. It

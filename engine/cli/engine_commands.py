@@ -268,7 +268,10 @@ def format_snapshot(snap: dict) -> str:
                         [(w["name"], short(w["node"]), w["side"], w["backend"], f"{w['devices']:g}",
                           ",".join(w["models"]) or "-", ",".join(w["resident_jobs"]) or "-")
                          for w in snap.get("wpgs", [])], right=(4,))
-    jobs = format_table(("job", "state"), sorted(snap.get("jobs", {}).items()))
+    rss = {d["job"]: d["rss_mb"] for d in snap.get("drivers", [])}
+    jobs = format_table(("job", "state", "driver MB"),
+                        [(job, state, "-" if rss.get(job) is None else f"{rss[job]:.0f}")
+                         for job, state in sorted(snap.get("jobs", {}).items())], right=(2,))
     wpgs = wpgs if snap.get("wpgs") else "no worker group yet"
     return f"{nodes}\n\n{wpgs}\n\n{jobs if snap.get('jobs') else 'no job'}"
 

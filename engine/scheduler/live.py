@@ -324,11 +324,14 @@ class SchedulerService:
 def scheduler_service(groups: list[Any] | None = None, policy: Policy | None = None, *,
                       tenants: dict[str, dict[str, float | None]] | None = None,
                       priorities: dict[str, float] | None = None):
-    """The engine's scheduler actor, with ``groups`` registered. Started on first use, with
-    ``policy``, ``tenants`` and ``priorities`` (see ``SchedulerService``); a running one is
-    returned as it is."""
-    handle = SchedulerService.options(name=SCHEDULER_NAME, lifetime="detached", get_if_exists=True).remote(
-        policy, tenants, priorities)
+    """The engine's scheduler actor, with ``groups`` registered. Started on first use, on the
+    caller's node, with ``policy``, ``tenants`` and ``priorities`` (see ``SchedulerService``); a
+    running one is returned as it is."""
+    from engine.support.local_node import here
+
+    # on the caller's node (the engine service's, or a driver's beside it): the control plane
+    handle = SchedulerService.options(name=SCHEDULER_NAME, lifetime="detached", get_if_exists=True,
+                                      scheduling_strategy=here()).remote(policy, tenants, priorities)
     if groups:
         ray.get(handle.add_groups.remote(list(groups)))
     return handle

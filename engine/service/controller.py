@@ -42,6 +42,7 @@ from engine.service.cluster import (
 from engine.service.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
 from engine.service.tenants import TenantBook
 from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
+from engine.support.local_node import here
 
 _log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ MAX_EVENTS = 10_000  # per events() call
 GroupKey = tuple[str, str, int, str]  # (side, backend, ranks, affinity)
 ADMIT_EVERY_S = 2.0  # while jobs wait, how often the service looks for room again
 RELEASE_WAIT_S = 10.0  # the most a released group's slots take to show free in Ray's view
+PING_WAIT_S = 10.0  # while healing, how long a rank has to answer before it counts as alive but busy
 
 
 def job_state(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -81,15 +83,23 @@ class EngineService:
         self.recoveries: dict[str, int] = {}  # job id -> times it was resumed after an engine fault
         self.replacing: set[str] = set()  # jobs whose driver the service kills to start a new one
         self.lock = threading.RLock()
+        self.formed: dict[str, float] = {}  # group name -> when it started (monotonic), while it runs
+        self.idle_since: dict[GroupKey, float] = {}  # group -> since when no running job uses it
+        self.held_device_s = 0.0  # device-seconds of the groups released so far, idle time included
         threading.Thread(target=self._watch, daemon=True).start()
 
     # -- worker groups ----------------------------------------------------------------------------
-    @staticmethod
-    def _group_keys(spec: JobSpec) -> list[GroupKey]:
+    def _group_keys(self, job_id: str, spec: JobSpec) -> list[GroupKey]:
         """The groups a job runs on: one per side, by backend, ranks and affinity (a vLLM engine is
-        built for one model configuration: jobs of another get a group of their own)."""
-        return [("train", spec.trainer, spec.tp, ""),
-                ("rollout", spec.rollout, 1, rollout_affinity(spec.model) if spec.rollout == "vllm" else "")]
+        built for one model configuration: jobs of another get a group of their own); with
+        ``dedicated``, groups of its own (the job's id in their affinity)."""
+        def own(affinity: str) -> str:
+            if not self.config.dedicated:
+                return affinity
+            return f"{affinity}@{job_id}" if affinity else job_id
+
+        rollout = rollout_affinity(spec.model) if spec.rollout == "vllm" else ""
+        return [("train", spec.trainer, spec.tp, own("")), ("rollout", spec.rollout, 1, own(rollout))]
 
     def _start_group(self, key: GroupKey, node: str | None = None) -> Any:
         """Start the group ``key`` names, its ranks on ``node`` (None: on one node Ray picks)."""
@@ -99,11 +109,14 @@ class EngineService:
         side, kind, ranks, affinity = key
         # (a group of this name released or lost before is gone: _release_group and _heal wait for that)
         name = f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else "") + (f"-{affinity}" if affinity else "")
-        return WorkerGroup.start(
+        started = time.monotonic()  # its slots are held from here: start-up counts
+        group = WorkerGroup.start(
             name, kind, world_size=ranks, threads=self.config.threads, data_dir=self.data_dir,
             devices_per_rank=self.config.devices_per_group / ranks,
             swapping=Swapping(max_resident=self.config.max_resident),
             serves=TRAIN_FUNCTIONS if side == "train" else ROLLOUT_FUNCTIONS, node=node)
+        self.formed[name] = started
+        return group
 
     def _room_for(self, job_id: str) -> dict[GroupKey, str] | str:
         """Make room for the groups ``job_id`` needs that do not run yet: the node each goes on
@@ -132,10 +145,38 @@ class EngineService:
                         f"every group in use")
             self._release_group(idle.pop(0))
 
+    def _held_until_now(self, group: Any) -> None:
+        """Count a group's device-seconds held (it is shut down now)."""
+        started = self.formed.pop(group.name, None)
+        if started is not None:
+            self.held_device_s += (time.monotonic() - started) * group.devices
+
+    def held_device_seconds(self) -> float:
+        """Device-seconds the engine's groups have held: released ones, and running ones so far."""
+        now = time.monotonic()
+        return self.held_device_s + sum((now - self.formed[g.name]) * g.devices
+                                        for g in self.groups.values() if g.name in self.formed)
+
+    def _release_idle(self) -> None:
+        """Release the groups no running job uses: with ``dedicated`` at once (no other job can use
+        them), else once idle ``idle_release_s``. Holds the lock."""
+        now = time.monotonic()
+        used = {k for job in self.drivers for k in self.job_groups.get(job, ())}
+        for key in sorted(self.groups):
+            if key in used:
+                self.idle_since.pop(key, None)
+                continue
+            since = self.idle_since.setdefault(key, now)
+            limit = 0.0 if self.config.dedicated else self.config.idle_release_s
+            if limit is not None and now - since >= limit:
+                self._release_group(key)
+
     def _release_group(self, key: GroupKey) -> None:
         """Shut down a group no job uses (its devices are needed for another), and return once
         its ranks are gone and Ray counts their device slots free (or after ``RELEASE_WAIT_S``)."""
         group = self.groups.pop(key)
+        self.idle_since.pop(key, None)
+        self._held_until_now(group)
         with contextlib.suppress(RayActorError):
             ray.get(self._scheduler().remove_groups.remote([group.name]))
         before = ray_free_devices()
@@ -197,7 +238,9 @@ class EngineService:
         self._scheduler()  # one started here, not by the driver's router, has the tenants' weights and budgets
         spec, tenant = self.jobs[job_id]
         groups = [self.groups[key] for key in self.job_groups[job_id]]
-        driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2).remote(
+        # beside this service (a worker node's loss leaves it running) and the scheduler (whose
+        # node-local socket its router then uses)
+        driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2, scheduling_strategy=here()).remote(
             job_id, spec, groups, str(events_path(self.data_dir, job_id)), self.config.threads, tenant, resume)
         self.drivers[job_id] = driver
         self.runs[job_id] = driver.run.remote()
@@ -213,7 +256,7 @@ class EngineService:
         path = events_path(self.data_dir, job_id)
         if path.exists():
             return self.status(job_id)  # submitted before: never a second driver
-        keys = self._group_keys(parsed)  # reads a model folder's config: not under the lock
+        keys = self._group_keys(job_id, parsed)  # reads a model folder's config: not under the lock
         with self.lock:
             if job_id in self.drivers or path.exists():
                 return self.status(job_id)
@@ -308,7 +351,10 @@ class EngineService:
 
     def cluster_snapshot(self) -> dict[str, Any]:
         """The groups, jobs and scheduler counters; the cluster's ``nodes`` as Ray reports them
-        now (with the device slots the groups leave free) and the ``wpgs`` placed on them."""
+        now (with the device slots the groups leave free) and the ``wpgs`` placed on them; the
+        ``control_node`` this service, the scheduler and the drivers run on, and each running
+        job's ``drivers`` entry: its node and resident memory (None where it did not answer); the
+        ``held_device_seconds`` of every group so far, idle time included (what a provider pays)."""
         stats = ray.get(self._scheduler().stats.remote()) if self.groups else {}
         resident = stats.get("resident", {})
         models: dict[str, set[str]] = {}  # group name -> models of the running jobs that use it
@@ -328,10 +374,25 @@ class EngineService:
                       "resident_jobs": [j for j in resident.get(g.name, []) if j in self.jobs]}
                      for (side, kind, _, _), g in sorted(self.groups.items())],
             "jobs": {job: self.status(job).get("state") for job in sorted(self.drivers)},
+            "drivers": self._drivers_memory(),
             "queued": [{"job": job, "position": i + 1, "reason": self.reasons.get(job, "")}
                        for i, job in enumerate(self.waiting)],
             "scheduler": stats,
+            "control_node": ray.get_runtime_context().get_node_id(),
+            "held_device_seconds": self.held_device_seconds(),
         }
+
+    def _drivers_memory(self) -> list[dict[str, Any]]:
+        refs = {job: driver.memory.remote() for job, driver in sorted(self.drivers.items())}
+        if refs:
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=PING_WAIT_S)
+        out = []
+        for job, ref in refs.items():
+            try:
+                out.append({"job": job, **ray.get(ref, timeout=0)})
+            except Exception:  # busy past the wait, or gone: the snapshot does not wait on it
+                out.append({"job": job, "node": None, "rss_mb": None})
+        return out
 
     def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:
         """A job's pre-run estimate (``engine.accounting.estimate``): its predicted calls, wall and step seconds,
@@ -348,6 +409,7 @@ class EngineService:
             self.cancel(job, reason="engine shut down")
         for g in self.groups.values():
             g.shutdown()
+            self._held_until_now(g)
         self.groups.clear()
 
     # -- supervision --------------------------------------------------------------------------------
@@ -369,6 +431,7 @@ class EngineService:
                 self._release(job_id)
             self.job_groups.pop(job_id, None)
             self._admit()  # its groups may be what a waiting job needs
+            self._release_idle()
 
     def _release(self, job_id: str) -> None:
         """An ended job's calls, estimates and states leave the scheduler, the groups and the
@@ -404,6 +467,8 @@ class EngineService:
                         self._admit()  # slots may have freed outside the engine (another actor ended)
                     except Exception as exc:  # a group that failed to start: the job waits, the watch goes on
                         _log.warning("engine: admitting %s: %s", self.waiting[0], fault_reason(exc))
+                if self.config.idle_release_s is not None and not self.closing:
+                    self._release_idle()
             if not pending:
                 time.sleep(0.2)
                 continue
@@ -429,9 +494,18 @@ class EngineService:
         with self.lock:
             if job_id not in self.jobs:
                 return
-            affected = {job_id} | self._heal()
+            try:
+                affected = {job_id} | self._heal()
+            except Exception as heal_exc:  # nothing to resume on: fail, with both reasons, not hang
+                _log.warning("engine: healing after %s: %s", job_id, fault_reason(heal_exc))
+                affected, reason = {job_id}, f"{reason}; then {fault_reason(heal_exc)}"
             for job in sorted(affected & set(self.drivers)):
                 count = self.recoveries[job] = self.recoveries.get(job, 0) + 1
+                gone = [k for k in self.job_groups.get(job, ()) if k not in self.groups]
+                if gone:  # a group it needs could not be started again (no node has room now)
+                    self._stop_driver(job)
+                    self._finish(job, {"state": "failed", "reason": f"engine fault, not recovered: {reason}"})
+                    continue
                 if count > self.config.max_recoveries:
                     self._stop_driver(job)
                     self._finish(job, {"state": "failed", "reason": f"engine fault, not recovered after "
@@ -442,7 +516,8 @@ class EngineService:
 
     def _heal(self) -> set[str]:
         """Start a new scheduler if it died (with the tenants' weights and budgets and the jobs'
-        priorities: ``_start_scheduler``), and new worker groups for those that lost a rank.
+        priorities: ``_start_scheduler``), and new worker groups for those that lost a rank (a
+        call failed on it, or a rank is found dead: its node was lost with the other groups there).
         Returns the running jobs that used what was replaced (all of them for the scheduler)."""
         from engine.scheduler.live import SCHEDULER_NAME
 
@@ -460,11 +535,12 @@ class EngineService:
             ray.get([scheduler.pause.remote(job) for job in paused])
         else:
             scheduler = self._scheduler()
-        lost = ray.get(scheduler.lost_groups.remote())
+        lost = set(ray.get(scheduler.lost_groups.remote())) | self._dead_groups()
         for key, group in list(self.groups.items()):
             if group.name not in lost:
                 continue
             group.shutdown()
+            self._held_until_now(group)
             for rank in range(len(group.ranks)):
                 _wait_name_free(f"wpg:{group.name}:{rank}")
             del self.groups[key]
@@ -476,6 +552,20 @@ class EngineService:
             ray.get(scheduler.add_groups.remote([self.groups[key]]))
             affected |= {job for job in self.drivers if key in self.job_groups.get(job, ())}
         return affected
+
+    def _dead_groups(self) -> set[str]:
+        """Groups with a rank that died where no call noticed yet (a lost node takes every group on
+        it, and a call fails on one of them first): its ping fails. A rank busy with a call answers
+        late, and is not dead."""
+        pings = {ref: g.name for g in self.groups.values() for ref in (r.ping.remote() for r in g.ranks)}
+        answered, _ = ray.wait(list(pings), num_returns=len(pings), timeout=PING_WAIT_S) if pings else ([], [])
+        dead = set()
+        for ref in answered:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                dead.add(pings[ref])
+        return dead
 
     def _stop_driver(self, job_id: str) -> None:
         """Kill the job's driver and wait until it is gone (holds the lock)."""

@@ -59,6 +59,12 @@ class JobDriver:
         (``max_concurrency=2``); the log serialises the appends."""
         return self.events.append(kind, data, durable=True)
 
+    def memory(self) -> dict[str, Any]:
+        """Where this driver runs and its resident memory (MB)."""
+        import psutil
+
+        return {"node": ray.get_runtime_context().get_node_id(), "rss_mb": psutil.Process().memory_info().rss / 2**20}
+
     def _export(self, summary: dict[str, Any]) -> None:
         """The final weights as a Hugging Face folder beside the event log (``final/``)."""
         from engine.models import resolve_model

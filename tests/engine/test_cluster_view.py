@@ -163,3 +163,35 @@ def test_a_cluster_of_several_ray_nodes_as_the_engine_reads_it(tmp_path):
 
     after_loss = {n["id"] for n in out["after_loss"]}
     assert after_loss == set(joined) - {out["a1"]}
+
+
+def test_engine_status_shows_each_running_job_s_driver_memory():
+    from engine.cli.engine_commands import format_snapshot
+
+    snap = {"nodes": [], "wpgs": [], "jobs": {"j1": "running", "j2": "paused"},
+            "drivers": [{"job": "j1", "node": "n1", "rss_mb": 412.4}, {"job": "j2", "node": None, "rss_mb": None}]}
+    jobs = format_snapshot(snap).split("\n\n")[-1].splitlines()
+    assert jobs[0].split() == ["job", "state", "driver", "MB"]
+    assert [line.split() for line in jobs[1:]] == [["j1", "running", "412"], ["j2", "paused", "-"]]
+
+
+def test_bench_cluster_s_jobs_alternate_two_model_configurations():
+    from engine.bench.cluster import job_mix
+
+    mix = job_mix(5, steps=3, seed=7)
+    assert [name for name, _ in mix] == [f"job-{i}" for i in range(5)]
+    assert [spec.model for _, spec in mix] == ["tiny-arith", "tiny-arith-tools"] * 2 + ["tiny-arith"]
+    assert [spec.seed for _, spec in mix] == [7, 8, 9, 10, 11]
+    assert {(spec.steps, spec.rollout, spec.trainer) for _, spec in mix} == {(3, "torch", "torch")}
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--nodes", "0"], "--nodes"), (["--jobs", "0"], "--jobs"), (["--steps", "0"], "--steps"),
+    (["--devices-per-node", "1"], "--devices-per-node"),
+])
+def test_bench_cluster_refuses_bad_arguments_in_one_line(run_plexrl, args, field):
+    done = run_plexrl("bench", "cluster", *args, timeout=60)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("plexrl: error: ")
+    assert field in line

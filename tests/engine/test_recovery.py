@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import os
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 
@@ -210,3 +214,24 @@ def test_a_restarted_scheduler_has_the_tenants_weights_budgets_and_priorities_ba
     assert ray.get(scheduler.tenant.remote("acme"))["budget"] == pytest.approx(500.0 - used, abs=one_call)
     assert engine.set_budget("acme", None) == pytest.approx(500.0 - used, abs=one_call)
     engine.cancel("rec-tenant")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_worker_node_lost_mid_run_takes_no_control_plane_and_its_job_resumes_on_another(plain, plexrl_home,
+                                                                                          tmp_path):
+    """Several Ray nodes (``node_fault_probe``): the node a job's groups run on is removed once
+    step 2 is logged; the engine service, the scheduler and the driver live on the head, so they
+    outlive it; the groups start again on the other worker node and the job ends as the
+    undisturbed run on this one node did."""
+    env = {**os.environ, "PLEXRL_HOME": str(plexrl_home)}
+    done = subprocess.run([sys.executable, "-m", "tests.engine.node_fault_probe", str(tmp_path),
+                           json.dumps(SPEC.to_dict())], capture_output=True, text=True, timeout=580, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+    assert out["removed"] in out["workers"]
+    assert out["control_before"] == out["control_after"] == out["head"]  # the control plane never moved
+    (other,) = set(out["workers"]) - {out["removed"]}
+    assert out["wpg_nodes_after"] == [other]
+    assert_recovered(out["events"], plain)
+    assert "lost" in recoveries(out["events"])[0]["message"]

@@ -174,6 +174,11 @@ def test_cluster_snapshot_lists_the_node_the_wpgs_run_on_and_the_jobs_on_them(en
         engine.cancel("svc-snap")
     (node,) = snap["nodes"]  # the session's one Ray node
     assert node["node_group"] == node["id"]
+    assert snap["control_node"] == node["id"]
+    (driver,) = snap["drivers"]  # the running job's, on the service's node, with its memory
+    assert driver["job"] == "svc-snap"
+    assert driver["node"] == node["id"]
+    assert driver["rss_mb"] > 10
     wpgs = {(w["side"], w["backend"]): w for w in snap["wpgs"]}
     assert set(wpgs) >= {("train", "torch"), ("rollout", "torch")}
     for w in wpgs.values():

@@ -1,0 +1,233 @@
+"""``plexrl bench cluster``: the same jobs on a Ray cluster of several nodes, run twice through the
+engine service, as the platform runs them:
+
+(a) dedicated: each job on worker groups of its own (``ServiceConfig(dedicated=True)``), admitted
+    first come first served while the nodes have device slots for them, its groups released when
+    it ends: the reservation a job would otherwise hold;
+(b) shared: the engine's own admission and placement (groups shared by side, backend and model
+    configuration, placed with ``choose_nodes``), released when no job uses them.
+
+The cluster is ``ray.cluster_utils.Cluster`` on this machine: a head node with no device slots
+(the control plane) and ``--nodes`` worker nodes of ``--devices-per-node`` ``device`` slots, a node
+group each. The jobs alternate between two model configurations (``tiny-arith`` and
+``tiny-arith-tools``, another vocabulary), torch training and torch or vLLM rollout (``--rollout``),
+small GRPO steps.
+
+Device-seconds are what the groups held, idle time included (the service's
+``held_device_seconds``); makespan runs from the first submission to the last job's end. Per job:
+its node groups, seconds queued, its wall time shared over dedicated (slowdown), and whether its
+metrics are identical in both runs. A device slot here is not a core: the nodes' slots share this
+machine's CPUs, so makespans say little about a cluster of real devices (the device-seconds do).
+Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.spec import JobSpec
+
+MODELS = (("arith", "tiny-arith"), ("arith-tools", "tiny-arith-tools"))
+POLL_S = 1.0
+
+
+def job_mix(jobs: int, steps: int, seed: int, rollout: str = "torch") -> list[tuple[str, JobSpec]]:
+    """``jobs`` small GRPO jobs alternating between the two model configurations, seeds in order,
+    a torch trainer and ``rollout`` (torch: one rollout group serves both configurations; vllm: a
+    group per configuration)."""
+    from engine.spec import GRPOConfig, JobSpec
+
+    grpo = GRPOConfig(prompts_per_step=16, samples_per_prompt=4, updates_per_step=1, eval_every=steps,
+                      eval_size=16, max_tokens=8, temperature=1.0)
+    out = []
+    for i in range(jobs):
+        task, model = MODELS[i % len(MODELS)]
+        out.append((f"job-{i}", JobSpec(task=task, model=model, steps=steps, seed=seed + i, rollout=rollout,
+                                        trainer="torch", grpo=grpo)))
+    return out
+
+
+def _engine_rss_mb() -> float:
+    """Resident memory of every Ray worker process on this machine (the engine: service, scheduler,
+    drivers, ranks, StateManagers), MB."""
+    import psutil
+
+    total = 0
+    for proc in psutil.process_iter(["name", "cmdline", "memory_info"]):
+        cmd = proc.info["cmdline"] or []
+        if (proc.info["name"] or "").startswith("ray::") or (cmd and cmd[0].startswith("ray::")):
+            total += proc.info["memory_info"].rss if proc.info["memory_info"] else 0
+    return total / 2**20
+
+
+def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
+    """Submit every job at once to a new engine service with ``config``; follow them to their end,
+    sampling the cluster every ``POLL_S``. The jobs' events, the service's held device-seconds,
+    the makespan, every WPG seen (name -> node), peak drivers and engine memory."""
+    from engine.control import SERVICE_NAME, EngineClient
+    from engine.service.eventlog import TERMINAL_STATES
+
+    client = EngineClient(address=address, data_dir=root, config=config, timeout_s=300)
+    try:
+        started = time.time()
+        for name, spec in shapes:
+            client.submit_job(name, spec)
+        events: dict[str, list[dict]] = {name: [] for name, _ in shapes}
+        wpgs: dict[str, str] = {}
+        peak_drivers, peak_rss, ended = 0, 0.0, set()
+        while len(ended) < len(shapes):
+            snap = client.cluster_snapshot()
+            wpgs.update({w["name"]: w["node"] for w in snap["wpgs"]})
+            peak_drivers = max(peak_drivers, len(snap["drivers"]))
+            peak_rss = max(peak_rss, _engine_rss_mb())
+            for name in events:
+                batch = client.events(name, events[name][-1]["seq"] if events[name] else 0)
+                events[name] += batch
+                bar.update(sum(1 for e in batch if e["kind"] == "metrics"))
+                if any(e["kind"] == "state" and e["data"]["state"] in TERMINAL_STATES for e in batch):
+                    ended.add(name)
+            time.sleep(POLL_S)
+        last = max(e["ts"] for evs in events.values() for e in evs if e["kind"] == "state")
+        # a last look: groups released as the last job ended stop counting then
+        held = client.cluster_snapshot()["held_device_seconds"]
+        return {"events": events, "held_device_seconds": held, "makespan_s": last - started, "wpgs": wpgs,
+                "peak_drivers": peak_drivers, "peak_engine_rss_mb": peak_rss}
+    finally:
+        client.shutdown()
+        _wait_gone(SERVICE_NAME)  # the next run starts a service of its own under that name
+
+
+def _wait_gone(name: str, timeout_s: float = 60.0) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(name, namespace="plexrl")
+        except ValueError:
+            return
+        time.sleep(0.2)
+
+
+def _per_job(name: str, dedicated: dict[str, Any], shared: dict[str, Any], node_group: dict[str, str]) -> dict:
+    def states(events: list[dict]) -> dict[str, float]:
+        return {e["data"]["state"]: e["ts"] for e in events if e["kind"] == "state"}
+
+    def metrics(events: list[dict]) -> list[dict]:
+        return [e["data"] for e in events if e["kind"] == "metrics"]
+
+    d, s = dedicated["events"][name], shared["events"][name]
+    ds, ss = states(d), states(s)
+    wall = {k: v.get("succeeded", v.get("failed", 0.0)) - v.get("running", 0.0) for k, v in (("d", ds), ("s", ss))}
+    used = {u["data"]["wpg"] for u in s if u["kind"] == "usage"}
+    return {"job": name, "state": list(ss)[-1] if ss else None,
+            "node_group": sorted({node_group.get(shared["wpgs"].get(w, ""), "?") for w in used}),
+            "queued_s": ss.get("running", 0.0) - ss.get("queued", 0.0),
+            "dedicated_queued_s": ds.get("running", 0.0) - ds.get("queued", 0.0),
+            "dedicated_wall_s": wall["d"], "shared_wall_s": wall["s"],
+            "slowdown": wall["s"] / wall["d"] if wall["d"] > 0 else None,
+            "identical_metrics": bool(metrics(d)) and metrics(d) == metrics(s)}
+
+
+def bench_cluster(*, nodes: int, devices_per_node: int, jobs: int, steps: int, seed: int, rollout: str = "torch",
+                  progress: bool = False, out: Path | None = None) -> dict[str, Any]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from engine.models import resolve_model
+    from engine.service.cluster import read_nodes
+    from engine.service.runtime import default_run_dir
+    from engine.spec import ServiceConfig
+    from engine.support.progress import progress_bar
+
+    shapes = job_mix(jobs, steps, seed, rollout)
+    for _, model in MODELS:
+        resolve_model(model, progress=progress)  # built before any clock starts
+    root = Path(out) if out else default_run_dir("bench-cluster")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    for _ in range(nodes):
+        cluster.add_node(num_cpus=2, resources={"device": devices_per_node})
+    ray.init(address=cluster.address, namespace="plexrl", log_to_driver=False)
+    bar = progress_bar(total=2 * jobs * steps, desc="bench cluster", unit="step", enabled=progress)
+    try:
+        cluster.wait_for_nodes()
+        listed = read_nodes()
+        node_group = {n.id: n.node_group for n in listed}
+        base = ServiceConfig(devices_per_group=1.0, threads=1, idle_release_s=0.0)
+        dedicated = _run(cluster.address, root / "dedicated", shapes, dataclasses.replace(base, dedicated=True), bar)
+        shared = _run(cluster.address, root / "shared", shapes, base, bar)
+    finally:
+        bar.close()
+        ray.shutdown()
+        cluster.shutdown()
+    per_job = [_per_job(name, dedicated, shared, node_group) for name, _ in shapes]
+    return {
+        "nodes": [{"id": n.id, "node_group": n.node_group, "devices": n.devices} for n in listed],
+        "wpgs": [{"name": w, "node": node, "node_group": node_group.get(node)}
+                 for w, node in sorted(shared["wpgs"].items())],
+        "dedicated_wpgs": len(dedicated["wpgs"]),
+        "jobs": jobs, "steps": steps, "seed": seed, "rollout": rollout,
+        "dedicated_device_seconds": dedicated["held_device_seconds"],
+        "shared_device_seconds": shared["held_device_seconds"],
+        "device_seconds_ratio": shared["held_device_seconds"] / dedicated["held_device_seconds"],
+        "dedicated_makespan_s": dedicated["makespan_s"], "shared_makespan_s": shared["makespan_s"],
+        "makespan_ratio": shared["makespan_s"] / dedicated["makespan_s"],
+        "per_job": per_job,
+        "state_moves": 0,  # the live engine does not move a job's state between nodes yet
+        "cross_node_bytes": None,  # not measured: no move, and syncs go through Ray's object store
+        "peak_engine_rss_mb": max(dedicated["peak_engine_rss_mb"], shared["peak_engine_rss_mb"]),
+        "peak_driver_processes": {"dedicated": dedicated["peak_drivers"], "shared": shared["peak_drivers"]},
+        "out": str(root),
+    }
+
+
+def add_parser(bsub: argparse._SubParsersAction) -> None:
+    m = bsub.add_parser("cluster", help="N jobs on a several-node Ray cluster: dedicated groups vs the shared engine")
+    m.add_argument("--nodes", type=int, default=3)
+    m.add_argument("--devices-per-node", type=int, default=2)
+    m.add_argument("--jobs", type=int, default=8)
+    m.add_argument("--steps", type=int, default=4)
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--rollout", choices=("torch", "vllm"), default="torch", help="the jobs' rollout backend")
+    m.add_argument("--out", type=Path, default=None, help="where the runs' outputs go (default: under PLEXRL_HOME)")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_bench_cluster)
+
+
+def cmd_bench_cluster(args: argparse.Namespace) -> int:
+    from engine.errors import SpecError
+    from engine.support.progress import is_tty
+
+    for field, value in (("--nodes", args.nodes), ("--devices-per-node", args.devices_per_node),
+                         ("--jobs", args.jobs), ("--steps", args.steps)):
+        if value < 1:
+            raise SpecError(field, "must be >= 1")
+    if args.devices_per_node < 2:
+        raise SpecError("--devices-per-node", "must be >= 2 (a job's two groups go on one node group)")
+    r = bench_cluster(nodes=args.nodes, devices_per_node=args.devices_per_node, jobs=args.jobs, steps=args.steps,
+                      seed=args.seed, rollout=args.rollout, progress=is_tty(), out=args.out)
+    if args.json:
+        print(json.dumps(r, indent=2))
+        return 0
+    print(f"{'job':<8}{'state':<11}{'node group':<14}{'queued s':>9}{'alone s':>9}{'shared s':>10}{'slowdown':>10}"
+          "  identical")
+    for p in r["per_job"]:
+        slowdown = "-" if p["slowdown"] is None else f"{p['slowdown']:.2f}"
+        print(f"{p['job']:<8}{p['state'] or '-':<11}{','.join(g[:12] for g in p['node_group']):<14}"
+              f"{p['queued_s']:>9.1f}{p['dedicated_wall_s']:>9.1f}{p['shared_wall_s']:>10.1f}{slowdown:>10}  "
+              f"{p['identical_metrics']}")
+    print(f"device-seconds: dedicated {r['dedicated_device_seconds']:.0f}, shared {r['shared_device_seconds']:.0f} "
+          f"(ratio {r['device_seconds_ratio']:.2f}); makespan {r['dedicated_makespan_s']:.0f} s -> "
+          f"{r['shared_makespan_s']:.0f} s (ratio {r['makespan_ratio']:.2f})")
+    print(f"shared WPGs on {len({w['node'] for w in r['wpgs']})} node(s): "
+          + ", ".join(f"{w['name']}@{(w['node'] or '-')[:12]}" for w in r["wpgs"]))
+    print(f"peak engine memory {r['peak_engine_rss_mb']:.0f} MB; peak drivers {r['peak_driver_processes']}")
+    return 0

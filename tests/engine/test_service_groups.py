@@ -1,0 +1,79 @@
+"""The engine service's worker groups over time: released once idle (``idle_release_s``), each
+job on groups of its own (``dedicated``: the baseline ``plexrl bench cluster`` compares against),
+and the device-seconds the groups hold, idle time included (what a provider pays). Real Ray
+actors, torch backends."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine.control import EngineClient
+from engine.spec import GRPOConfig, JobSpec, ServiceConfig
+from tests.engine.service_helpers import finished, metrics, states, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+SPEC = JobSpec(task="arith", model="tiny-arith", steps=2, seed=5, rollout="torch", trainer="torch",
+               grpo=GRPOConfig(prompts_per_step=4, samples_per_prompt=4, updates_per_step=1, eval_every=2,
+                               eval_size=4, max_tokens=6, temperature=1.0))
+
+
+def usage(events: list[dict]) -> list[dict]:
+    return [e["data"] for e in events if e["kind"] == "usage"]
+
+
+def billed(events: list[dict]) -> float:
+    return sum((u["end"] - u["start"]) * u["devices"] for u in usage(events))
+
+
+@pytest.mark.parametrize("config", [{"devices_per_group": 0.0}, {"max_resident": 0}, {"idle_release_s": -1.0},
+                                    {"idle_release_s": float("nan")}])
+def test_a_bad_service_config_is_refused(config):
+    with pytest.raises(ValueError, match=r"invalid service config|idle_release_s must be >= 0"):
+        ServiceConfig(**config)
+
+
+def test_dedicated_jobs_run_on_groups_of_their_own_released_when_they_end(ray_engine, plexrl_home, tiny_model_dir):
+    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=0.25, threads=1,
+                                                                     dedicated=True))
+    try:
+        for job in ("ded-a", "ded-b"):
+            client.submit_job(job, SPEC)
+        runs = {job: wait_for(client, job, finished) for job in ("ded-a", "ded-b")}
+        assert all(states(ev)[-1] == "succeeded" for ev in runs.values())
+        wpgs = {job: {u["wpg"] for u in usage(ev)} for job, ev in runs.items()}
+        assert len(wpgs["ded-a"]) == len(wpgs["ded-b"]) == 2  # a train and a rollout group each
+        assert not wpgs["ded-a"] & wpgs["ded-b"]  # nothing shared
+        assert all(job in name for job, names in wpgs.items() for name in names)
+        assert metrics(runs["ded-a"]) == metrics(runs["ded-b"])  # the same spec: the same metrics
+        deadline = time.monotonic() + 30  # released once the service sees each driver's run end
+        while (snap := client.cluster_snapshot())["wpgs"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert snap["wpgs"] == []
+        # held: every group from its start to its release, idle time included; billed: calls only
+        assert snap["held_device_seconds"] > sum(billed(ev) for ev in runs.values()) > 0
+        held = snap["held_device_seconds"]
+        time.sleep(1.0)
+        assert client.cluster_snapshot()["held_device_seconds"] == held  # nothing held any more
+    finally:
+        client.shutdown()
+
+
+def test_shared_groups_are_released_once_idle_for_the_configured_time(ray_engine, plexrl_home, tiny_model_dir):
+    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=0.25, threads=1,
+                                                                     idle_release_s=5.0))
+    try:
+        client.submit_job("idle-a", SPEC)
+        assert states(wait_for(client, "idle-a", finished))[-1] == "succeeded"
+        assert len(client.cluster_snapshot()["wpgs"]) == 2  # kept while idle for less than 5 s
+        deadline = time.monotonic() + 30
+        while client.cluster_snapshot()["wpgs"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert client.cluster_snapshot()["wpgs"] == []  # then released
+        # a later job gets groups again
+        client.submit_job("idle-b", SPEC)
+        assert states(wait_for(client, "idle-b", finished))[-1] == "succeeded"
+    finally:
+        client.shutdown()
