@@ -176,7 +176,7 @@ def test_engine_status_shows_each_running_job_s_driver_memory():
 
 
 def test_bench_cluster_s_jobs_alternate_two_model_configurations():
-    from engine.bench.cluster import job_mix
+    from engine.bench.cluster_bench import job_mix
 
     mix = job_mix(5, steps=3, seed=7)
     assert [name for name, _ in mix] == [f"job-{i}" for i in range(5)]
