@@ -171,20 +171,6 @@ def architecture(model: str) -> str | None:
     return names[0] if names and names[0] else None
 
 
-def fits(free: Sequence[float], need: Iterable[float]) -> bool:
-    """Whether ranks needing ``need`` device slots each fit on nodes with ``free`` slots, the
-    largest rank first, each on the node with the least room that holds it (as Ray places ranks:
-    one at a time, a rank on one node)."""
-    room = sorted(free)
-    for slots in sorted(need, reverse=True):
-        i = next((i for i, r in enumerate(room) if r >= slots - 1e-9), None)
-        if i is None:
-            return False
-        room[i] -= slots
-        room.sort()
-    return True
-
-
 def rollout_affinity(model: str) -> str:
     """Which vLLM rollout group may host jobs of ``model`` (a vLLM engine is built for one model
     configuration): a preset by its name (its configuration is fixed by it; nothing is built

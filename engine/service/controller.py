@@ -129,12 +129,9 @@ class EngineService:
         sizes = [self.config.devices_per_group] * len(missing)  # each on one node
         used = {k for job in [*self.drivers, job_id] for k in self.job_groups.get(job, ())}
         idle = [k for k in sorted(self.groups) if k not in used]
+        running = [self.groups[k] for k in self.job_groups[job_id] if k in self.groups]
         while True:
-            # free as the engine counts it, and as Ray does (other actors may hold slots too)
-            usage = node_usage(read_nodes(), held_slots(self.groups.values()), ray_free_devices())
-            group_of = {row["id"]: row["node_group"] for row in usage}
-            own = {group_of.get(n) for k in self.job_groups[job_id] if k in self.groups for n in self.groups[k].nodes}
-            nodes = choose_nodes(usage, sizes, prefer=own - {None})
+            usage, nodes = self._place(sizes, near=running)
             if nodes is not None:
                 return dict(zip(missing, nodes, strict=True))
             if not idle:
@@ -144,6 +141,19 @@ class EngineService:
                         f"{self.config.devices_per_group:g} on one node each: {free:g} of {total} free, "
                         f"every group in use")
             self._release_group(idle.pop(0))
+
+    def _usage(self) -> list[dict[str, Any]]:
+        """The nodes' slots, free as the engine counts them and as Ray does (other actors may hold
+        slots too)."""
+        return node_usage(read_nodes(), held_slots(self.groups.values()), ray_free_devices())
+
+    def _place(self, sizes: list[float], near: list[Any]) -> tuple[list[dict[str, Any]], list[str] | None]:
+        """The nodes' usage, and nodes for new groups of ``sizes`` (``choose_nodes``), in the node
+        group of the groups ``near`` first; None where they do not fit now."""
+        usage = self._usage()
+        group_of = {row["id"]: row["node_group"] for row in usage}
+        prefer = {group_of[n] for g in near for n in g.nodes if n in group_of}
+        return usage, choose_nodes(usage, sizes, prefer=prefer)
 
     def _held_until_now(self, group: Any) -> None:
         """Count a group's device-seconds held (it is shut down now)."""
@@ -366,7 +376,7 @@ class EngineService:
             "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
                         "devices": self.config.devices_per_group, "max_resident": self.config.max_resident}
                        for (side, kind, ranks, _), g in sorted(self.groups.items())],
-            "nodes": node_usage(read_nodes(), held_slots(self.groups.values()), ray_free_devices()),
+            "nodes": self._usage(),
             "wpgs": [{"name": g.name, "node": g.nodes[0] if g.nodes else None, "rank_nodes": list(g.nodes),
                       "side": side, "backend": kind, "models": sorted(models.get(g.name, ())),
                       "architectures": sorted({a for m in models.get(g.name, ()) if (a := architecture(m))}),
@@ -544,10 +554,8 @@ class EngineService:
             for rank in range(len(group.ranks)):
                 _wait_name_free(f"wpg:{group.name}:{rank}")
             del self.groups[key]
-            usage = node_usage(read_nodes(), held_slots(self.groups.values()), ray_free_devices())
-            group_of = {row["id"]: row["node_group"] for row in usage}
             # where it was, if that node group is still there and has room; else where there is room
-            node = choose_nodes(usage, [self.config.devices_per_group], prefer={group_of.get(n) for n in group.nodes})
+            _, node = self._place([self.config.devices_per_group], near=[group])
             self.groups[key] = self._start_group(key, node[0] if node else None)
             ray.get(scheduler.add_groups.remote([self.groups[key]]))
             affected |= {job for job in self.drivers if key in self.job_groups.get(job, ())}
