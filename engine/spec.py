@@ -227,10 +227,21 @@ class ServiceConfig:
     # each job on worker groups of its own, released when it ends: nothing shared (the dedicated
     # baseline `plexrl bench cluster` measures the shared engine against)
     dedicated: bool = False
+    # placement (engine.service.placing): a job is taken to keep this fraction of a group's time
+    # busy on each side; a group takes jobs while theirs sum to at most group_load_limit, then
+    # the placer forms another group of the same kind where a node has room, else the job waits
+    job_demand: float = 0.3
+    group_load_limit: float = 1.3
+    # a job admitted while nobody else waits gets groups of its own where slots are free (runs
+    # as alone); False: it joins the fullest group of its kind that takes it, as under a backlog
+    spread: bool = False
 
     def __post_init__(self):
         if self.devices_per_group <= 0 or self.max_resident < 1 or self.max_recoveries < 0:
             raise ValueError(f"invalid service config {self}")
+        if not 0 < self.job_demand <= self.group_load_limit:
+            raise ValueError(f"job_demand must be > 0 and <= group_load_limit, got {self.job_demand} "
+                             f"and {self.group_load_limit}")
         if self.idle_release_s is not None and not self.idle_release_s >= 0:
             raise ValueError(f"idle_release_s must be >= 0 or None, got {self.idle_release_s}")
 

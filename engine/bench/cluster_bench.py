@@ -4,14 +4,16 @@ engine service, as the platform runs them:
 (a) dedicated: each job on worker groups of its own (``ServiceConfig(dedicated=True)``), admitted
     first come first served while the nodes have device slots for them, its groups released when
     it ends: the reservation a job would otherwise hold;
-(b) shared: the engine's own admission and placement (groups shared by side, backend and model
-    configuration, placed with ``choose_nodes``), released when no job uses them.
+(b) shared: the engine's own admission and placement (the placer's: a group takes jobs of its kind
+    while their demands sum to the load limit, then another is formed where a node has room),
+    groups released when no job uses them.
 
 The cluster is ``ray.cluster_utils.Cluster`` on this machine: a head node with no device slots
 (the control plane) and ``--nodes`` worker nodes of ``--devices-per-node`` ``device`` slots, a node
 group each. The jobs alternate between two model configurations (``tiny-arith`` and
-``tiny-arith-tools``, another vocabulary), torch training and torch or vLLM rollout (``--rollout``),
-small GRPO steps.
+``tiny-arith-tools``, another vocabulary), all on the ``arith`` task (so their times alone are
+alike: the ``arith-tools`` task's tool stalls made its jobs up to 2.8 times longer), torch training
+and torch or vLLM rollout (``--rollout``), small GRPO steps.
 
 Device-seconds are what the groups held, idle time included (the service's
 ``held_device_seconds``); makespan runs from the first submission to the last job's end. Per job:
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from engine.spec import JobSpec
 
-MODELS = (("arith", "tiny-arith"), ("arith-tools", "tiny-arith-tools"))
+MODELS = (("arith", "tiny-arith"), ("arith", "tiny-arith-tools"))
 POLL_S = 1.0
 
 

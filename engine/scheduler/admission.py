@@ -54,7 +54,8 @@ from dataclasses import dataclass, field
 class JobShape:
     """What a job needs: ``replicas`` distinct rollout WPGs of ``rollout_devices`` devices and one
     train WPG of ``train_devices``, of ``affinity``; a WPG of that affinity holds ``*_capacity``
-    job states at once (which only sizes the WPGs the placer forms)."""
+    job states at once (which only sizes the WPGs the placer forms). ``train_affinity``, if given,
+    is the train WPG's affinity instead (a trainer that hosts jobs of several rollout affinities)."""
 
     affinity: str
     replicas: int
@@ -62,9 +63,13 @@ class JobShape:
     train_devices: int
     rollout_capacity: int = 1
     train_capacity: int = 1
+    train_affinity: str = ""
 
     def devices(self, kind: str) -> int:
         return self.rollout_devices if kind == "rollout" else self.train_devices
+
+    def affinity_of(self, kind: str) -> str:
+        return (self.train_affinity or self.affinity) if kind == "train" else self.affinity
 
     def capacity(self, kind: str) -> int:
         return self.rollout_capacity if kind == "rollout" else self.train_capacity
@@ -121,6 +126,7 @@ class AdmissionPolicy:
     backfill: bool = True  # later jobs pass one that fits nowhere now
     max_passed: int = 64  # passed this often, a waiting job reserves a domain (one at a time)
     close_urgent: bool = True  # an urgent job's WPGs take no new job
+    spread_alone: bool = True  # a job admitted while nobody else waits spreads (else it packs)
 
     def __post_init__(self):
         # a WPG loaded past the bound cannot keep its jobs within it: they need ``load`` x their time
@@ -309,7 +315,7 @@ class Placer:
             if key in failed:
                 continue
             # spread while nobody else waits (the job runs as alone); pack under a backlog
-            option = self._best(job, job.demand, pack=len(self.waiting) > 1)
+            option = self._best(job, job.demand, pack=len(self.waiting) > 1 or not self.policy.spread_alone)
             if option is None:
                 self._refused = True
                 if not self.policy.backfill:
@@ -353,6 +359,30 @@ class Placer:
             self._unreserve(job)
             return []
         return self._leave(j)
+
+    def restore(self, name: str, domain: str, kind: str, affinity: str, node: int, size: int,
+                capacity: int = 1) -> Slot:
+        """Record a WPG that exists already (a live engine rebuilding its placer's view): ``size``
+        devices on node ``node`` of ``domain`` (its first free ones). ValueError if they are not free."""
+        if name in self.slots:
+            raise ValueError(f"WPG {name!r} is recorded already")
+        free = self.domains[domain].free[node]
+        if len(free) < size:
+            raise ValueError(f"WPG {name!r}: node {node} of {domain} has {len(free)} free devices, not {size}")
+        return self._add_slot(Slot(name, domain, kind, affinity, tuple((node, d) for d in free[:size]), capacity))
+
+    def seat(self, job: str, shape: JobShape, demand: Demand, rollout: Sequence[str], train: str,
+             now: float) -> None:
+        """Record a job that runs already on recorded WPGs (``restore``), past its profile."""
+        if job in self.jobs:
+            raise ValueError(f"job {job!r} is recorded already")
+        j = _Job(job, shape, demand, now, self._order, phase="placed", admitted=now)
+        self._order += 1
+        for name in rollout:
+            self.slots[name].put(job, demand.rollout)
+        self.slots[train].put(job, demand.train)
+        j.placed = Placement(job, self.slots[train].domain, tuple(rollout), train)
+        self.jobs[job] = j
 
     # -- views --------------------------------------------------------------------------------
     def demand(self, job: str) -> Demand:
@@ -412,7 +442,8 @@ class Placer:
         """(load without ``job``, name) of the domain's open WPGs of the job's affinity, ``kind``
         and size that take ``demand`` within the limit: fullest first with ``pack``, else emptiest."""
         out = []
-        for s in self._index.get((domain.name, kind, job.shape.affinity, job.shape.devices(kind)), {}).values():
+        index = (domain.name, kind, job.shape.affinity_of(kind), job.shape.devices(kind))
+        for s in self._index.get(index, {}).values():
             load = s.load - s.jobs.get(job.name, 0.0)
             if load + demand <= self.policy.limit + 1e-9 and not self._closed(s, job.name):
                 out.append((load, s.name))
@@ -449,12 +480,16 @@ class Placer:
 
     def _form(self, domain: Domain, kind: str, shape: JobShape, devices: tuple[tuple[int, int], ...]) -> Slot:
         self._names += 1
-        slot = Slot(f"{domain.name}/{kind[0]}{self._names}", domain.name, kind, shape.affinity, devices,
-                    shape.capacity(kind))
+        return self._add_slot(Slot(f"{domain.name}/{kind[0]}{self._names}", domain.name, kind,
+                                   shape.affinity_of(kind), devices, shape.capacity(kind)))
+
+    def _add_slot(self, slot: Slot) -> Slot:
+        domain = self.domains[slot.domain]
+        devices = slot.devices
         domain.take(devices)
         self._held += len(devices)
         self.slots[slot.name] = slot
-        self._index.setdefault((domain.name, kind, shape.affinity, len(devices)), {})[slot.name] = slot
+        self._index.setdefault((domain.name, slot.kind, slot.affinity, len(devices)), {})[slot.name] = slot
         return slot
 
     def _apply(self, job: _Job, option: _Option, demand: Demand) -> Placement:

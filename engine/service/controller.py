@@ -1,10 +1,13 @@
 """The engine service's controller: one detached, named Ray actor (``EngineService``) behind
 ``engine.control.EngineClient``.
 
-It owns the shared worker groups (started on first use, one per side and backend: jobs share them
-and the scheduler time-slices them) and the jobs' drivers. A driver runs the algorithm loop as a Ray
-actor of its own, never inside the caller's process: a Celery redelivery or a worker restart
-neither re-runs nor kills training.
+It owns the shared worker groups and the jobs' drivers. Where a job runs and when it starts is the
+placer's decision (``engine.service.placing``: the simulator's admission code on the cluster Ray
+reports): a group takes jobs of its kind while their demands sum to the load limit, then another
+group of that kind is formed on a node with room, else the job waits ``queued`` with its position
+and reason, holding no driver. Jobs on one group share it; the scheduler time-slices it. A driver
+runs the algorithm loop as a Ray actor of its own, never inside the caller's process: a Celery
+redelivery or a worker restart neither re-runs nor kills training.
 
 Job state lives in the job's event log (``state`` events: queued, running, paused, succeeded,
 failed, cancelled). One writer at a time: the service writes ``queued`` before the driver exists and
@@ -40,6 +43,7 @@ from engine.service.cluster import (
     rollout_affinity,
 )
 from engine.service.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
+from engine.service.placing import GroupKey, LiveGroup, admission_round
 from engine.service.tenants import TenantBook
 from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
 from engine.support.local_node import here
@@ -48,7 +52,6 @@ _log = logging.getLogger(__name__)
 
 MAX_EVENTS = 10_000  # per events() call
 
-GroupKey = tuple[str, str, int, str]  # (side, backend, ranks, affinity)
 ADMIT_EVERY_S = 2.0  # while jobs wait, how often the service looks for room again
 RELEASE_WAIT_S = 10.0  # the most a released group's slots take to show free in Ray's view
 PING_WAIT_S = 10.0  # while healing, how long a rank has to answer before it counts as alive but busy
@@ -68,8 +71,10 @@ class EngineService:
     def __init__(self, data_dir: str, config: dict[str, Any]):
         self.data_dir = Path(data_dir)
         self.config = ServiceConfig(**config)
-        self.groups: dict[GroupKey, Any] = {}  # (side, backend, ranks, affinity) -> WorkerGroup
-        self.job_groups: dict[str, list[GroupKey]] = {}  # job id -> the groups it runs on, while known here
+        self.groups: dict[str, Any] = {}  # name -> WorkerGroup
+        self.group_keys: dict[str, GroupKey] = {}  # group name -> (side, backend, ranks, affinity)
+        self.job_keys: dict[str, list[GroupKey]] = {}  # job id -> the kinds of groups it needs, while known here
+        self.job_groups: dict[str, list[str]] = {}  # job id -> the groups it runs on (names), once admitted
         self.waiting: list[str] = []  # jobs queued for device slots, first come first served (no driver yet)
         self.reasons: dict[str, str] = {}  # waiting job -> why it waits
         self.closing = False
@@ -84,7 +89,7 @@ class EngineService:
         self.replacing: set[str] = set()  # jobs whose driver the service kills to start a new one
         self.lock = threading.RLock()
         self.formed: dict[str, float] = {}  # group name -> when it started (monotonic), while it runs
-        self.idle_since: dict[GroupKey, float] = {}  # group -> since when no running job uses it
+        self.idle_since: dict[str, float] = {}  # group name -> since when no running job uses it
         self.held_device_s = 0.0  # device-seconds of the groups released so far, idle time included
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -101,14 +106,41 @@ class EngineService:
         rollout = rollout_affinity(spec.model) if spec.rollout == "vllm" else ""
         return [("train", spec.trainer, spec.tp, own("")), ("rollout", spec.rollout, 1, own(rollout))]
 
-    def _start_group(self, key: GroupKey, node: str | None = None) -> Any:
-        """Start the group ``key`` names, its ranks on ``node`` (None: on one node Ray picks)."""
+    def _group_name(self, key: GroupKey) -> str:
+        """A name for a new group of ``key``: its kind, then a number from the second on."""
+        side, kind, ranks, affinity = key
+        base = f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else "") + (f"-{affinity}" if affinity else "")
+        return next(n for n in (base, *(f"{base}-{i}" for i in range(2, 10_000))) if n not in self.groups)
+
+    def _form_group(self, key: GroupKey, node: str) -> str:
+        """A group of ``key`` on ``node`` for a placement: an idle one of that key there, else a new
+        one, after releasing idle groups there until Ray has the slots free. Holds the lock."""
+        idle = [n for n in self._idle_groups() if list(self.groups[n].nodes[:1]) == [node]]
+        same = [n for n in idle if self.group_keys[n] == key]
+        if same:
+            self.idle_since.pop(same[0], None)
+            return same[0]
+        for name in idle:
+            if ray_free_devices().get(node, float("inf")) >= self.config.devices_per_group - 1e-9:
+                break
+            self._release_group(name)
+        name = self._group_name(key)
+        self.groups[name] = self._start_group(key, name, node)
+        self.group_keys[name] = key
+        return name
+
+    def _idle_groups(self) -> list[str]:
+        """Groups no running or admitted job uses, by name."""
+        used = {n for names in self.job_groups.values() for n in names}
+        return [n for n in sorted(self.groups) if n not in used]
+
+    def _start_group(self, key: GroupKey, name: str, node: str | None = None) -> Any:
+        """Start group ``name`` of ``key``, its ranks on ``node`` (None: on one node Ray picks)."""
         from engine.api import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
         from engine.workers.group import Swapping, WorkerGroup
 
-        side, kind, ranks, affinity = key
+        side, kind, ranks, _ = key
         # (a group of this name released or lost before is gone: _release_group and _heal wait for that)
-        name = f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else "") + (f"-{affinity}" if affinity else "")
         started = time.monotonic()  # its slots are held from here: start-up counts
         group = WorkerGroup.start(
             name, kind, world_size=ranks, threads=self.config.threads, data_dir=self.data_dir,
@@ -117,30 +149,6 @@ class EngineService:
             serves=TRAIN_FUNCTIONS if side == "train" else ROLLOUT_FUNCTIONS, node=node)
         self.formed[name] = started
         return group
-
-    def _room_for(self, job_id: str) -> dict[GroupKey, str] | str:
-        """Make room for the groups ``job_id`` needs that do not run yet: the node each goes on
-        (``choose_nodes``: one node group, the one its running groups are on first), releasing
-        groups no running job uses if that is what it takes; else why the job waits. Holds the
-        lock."""
-        missing = [k for k in self.job_groups[job_id] if k not in self.groups]
-        if not missing:
-            return {}
-        sizes = [self.config.devices_per_group] * len(missing)  # each on one node
-        used = {k for job in [*self.drivers, job_id] for k in self.job_groups.get(job, ())}
-        idle = [k for k in sorted(self.groups) if k not in used]
-        running = [self.groups[k] for k in self.job_groups[job_id] if k in self.groups]
-        while True:
-            usage, nodes = self._place(sizes, near=running)
-            if nodes is not None:
-                return dict(zip(missing, nodes, strict=True))
-            if not idle:
-                groups = ", ".join(f"{k[1]} {k[0]}" for k in missing)
-                free, total = sum(u["free_devices"] for u in usage), sum(u["devices"] for u in usage)
-                return (f"waiting for {sum(sizes):g} device slots for its {groups} worker group(s), "
-                        f"{self.config.devices_per_group:g} on one node each: {free:g} of {total} free, "
-                        f"every group in use")
-            self._release_group(idle.pop(0))
 
     def _usage(self) -> list[dict[str, Any]]:
         """The nodes' slots, free as the engine counts them and as Ray does (other actors may hold
@@ -171,21 +179,22 @@ class EngineService:
         """Release the groups no running job uses: with ``dedicated`` at once (no other job can use
         them), else once idle ``idle_release_s``. Holds the lock."""
         now = time.monotonic()
-        used = {k for job in self.drivers for k in self.job_groups.get(job, ())}
-        for key in sorted(self.groups):
-            if key in used:
-                self.idle_since.pop(key, None)
+        idle = self._idle_groups()
+        for name in sorted(self.groups):
+            if name not in idle:
+                self.idle_since.pop(name, None)
                 continue
-            since = self.idle_since.setdefault(key, now)
+            since = self.idle_since.setdefault(name, now)
             limit = 0.0 if self.config.dedicated else self.config.idle_release_s
             if limit is not None and now - since >= limit:
-                self._release_group(key)
+                self._release_group(name)
 
-    def _release_group(self, key: GroupKey) -> None:
+    def _release_group(self, name: str) -> None:
         """Shut down a group no job uses (its devices are needed for another), and return once
         its ranks are gone and Ray counts their device slots free (or after ``RELEASE_WAIT_S``)."""
-        group = self.groups.pop(key)
-        self.idle_since.pop(key, None)
+        group = self.groups.pop(name)
+        self.group_keys.pop(name, None)
+        self.idle_since.pop(name, None)
         self._held_until_now(group)
         with contextlib.suppress(RayActorError):
             ray.get(self._scheduler().remove_groups.remote([group.name]))
@@ -203,22 +212,43 @@ class EngineService:
                 return
             time.sleep(0.1)
 
+    def _policy(self) -> Any:
+        from engine.scheduler.admission import AdmissionPolicy
+
+        limit = self.config.group_load_limit
+        return AdmissionPolicy(limit=limit, slowdown_bound=max(1.5, limit), backfill=False,
+                               spread_alone=self.config.spread)
+
     def _admit(self) -> None:
-        """Start the waiting jobs whose groups fit, in submission order; the first that does not
-        fit holds the later ones (so none waits forever). Holds the lock."""
-        while self.waiting and not self.closing:
-            job_id = self.waiting[0]
-            room = self._room_for(job_id)
-            if isinstance(room, str):
-                self.reasons[job_id] = room
-                for later in self.waiting[1:]:
-                    self.reasons[later] = f"behind {job_id} in the queue"
+        """Start the waiting jobs the placer admits (``placing.admission_round``: first come first
+        served, the first that does not fit holds the later ones), forming the groups it places;
+        the others keep its reasons. Holds the lock."""
+        from engine.scheduler.admission import Demand
+
+        if not self.waiting or self.closing:
+            return
+        groups = [LiveGroup(n, self.group_keys[n], g.nodes[0] if g.nodes else "", g.devices)
+                  for n, g in sorted(self.groups.items())]
+        running = {job: self.job_groups[job] for job in self.drivers if job in self.job_groups}
+        demand = Demand(self.config.job_demand, self.config.job_demand)
+        decided = admission_round(self._usage(), groups, running, [(j, self.job_keys[j]) for j in self.waiting],
+                                  group_devices=self.config.devices_per_group, demand=demand, policy=self._policy())
+        self.reasons = dict(decided.reasons)
+        made: dict[str, str] = {}  # the round's new groups: the placer's name -> the group's
+        for admitted in decided.admitted:
+            names = self.job_groups[admitted.job] = []  # filled as formed: not idle, never released for the next
+            try:
+                for key, ref, node in admitted.groups:
+                    if node:
+                        made[ref] = self._form_group(key, node)
+                    names.append(made.get(ref, ref))
+            except Exception as exc:  # a group that did not start: the job waits (the watch tries again)
+                del self.job_groups[admitted.job]
+                self.reasons[admitted.job] = f"its worker groups did not start: {fault_reason(exc)}"
+                _log.warning("engine: groups for %s: %s", admitted.job, fault_reason(exc))
                 return
-            for key, node in room.items():
-                self.groups[key] = self._start_group(key, node)
-            self.waiting.pop(0)
-            self.reasons.pop(job_id, None)
-            self._start_driver(job_id)
+            self.waiting.remove(admitted.job)
+            self._start_driver(admitted.job)
 
     # -- the scheduler ------------------------------------------------------------------------------
     def _scheduler(self) -> Any:
@@ -247,7 +277,7 @@ class EngineService:
 
         self._scheduler()  # one started here, not by the driver's router, has the tenants' weights and budgets
         spec, tenant = self.jobs[job_id]
-        groups = [self.groups[key] for key in self.job_groups[job_id]]
+        groups = [self.groups[name] for name in self.job_groups[job_id]]
         # beside this service (a worker node's loss leaves it running) and the scheduler (whose
         # node-local socket its router then uses)
         driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2, scheduling_strategy=here()).remote(
@@ -281,7 +311,7 @@ class EngineService:
             log.append("spec", parsed.to_dict(), durable=True)
             log.close()
             self.jobs[job_id] = (parsed, tenant)
-            self.job_groups[job_id] = keys
+            self.job_keys[job_id] = keys
             self.waiting.append(job_id)
             self._admit()
         return self.status(job_id)
@@ -369,20 +399,20 @@ class EngineService:
         resident = stats.get("resident", {})
         models: dict[str, set[str]] = {}  # group name -> models of the running jobs that use it
         for job, (spec, _) in self.jobs.items():
-            for key in self.job_groups[job] if job in self.drivers else ():
-                if key in self.groups:
-                    models.setdefault(self.groups[key].name, set()).add(spec.model)
+            for name in self.job_groups.get(job, ()) if job in self.drivers else ():
+                models.setdefault(name, set()).add(spec.model)
+        keyed = [(self.group_keys[n], g) for n, g in sorted(self.groups.items())]
         return {
             "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
                         "devices": self.config.devices_per_group, "max_resident": self.config.max_resident}
-                       for (side, kind, ranks, _), g in sorted(self.groups.items())],
+                       for (side, kind, ranks, _), g in keyed],
             "nodes": self._usage(),
             "wpgs": [{"name": g.name, "node": g.nodes[0] if g.nodes else None, "rank_nodes": list(g.nodes),
                       "side": side, "backend": kind, "models": sorted(models.get(g.name, ())),
                       "architectures": sorted({a for m in models.get(g.name, ()) if (a := architecture(m))}),
                       "devices": g.devices,
                       "resident_jobs": [j for j in resident.get(g.name, []) if j in self.jobs]}
-                     for (side, kind, _, _), g in sorted(self.groups.items())],
+                     for (side, kind, _, _), g in keyed],
             "jobs": {job: self.status(job).get("state") for job in sorted(self.drivers)},
             "drivers": self._drivers_memory(),
             "queued": [{"job": job, "position": i + 1, "reason": self.reasons.get(job, "")}
@@ -440,6 +470,7 @@ class EngineService:
             if job is not None:
                 self._release(job_id)
             self.job_groups.pop(job_id, None)
+            self.job_keys.pop(job_id, None)
             self._admit()  # its groups may be what a waiting job needs
             self._release_idle()
 
@@ -458,9 +489,9 @@ class EngineService:
         """The job's queued calls leave the scheduler (its running ones finish), then its states
         leave the groups, once those calls are done (a rank runs its calls in order)."""
         ray.get(self._scheduler().abandon.remote(job_id))
-        for key in self.job_groups.get(job_id, ()):
-            if key in self.groups:
-                self.groups[key].drop_job(job_id)
+        for name in self.job_groups.get(job_id, ()):
+            if name in self.groups:
+                self.groups[name].drop_job(job_id)
 
     def _watch(self) -> None:
         """Notice drivers that end: success and failure are logged by the driver itself; a driver that
@@ -511,7 +542,7 @@ class EngineService:
                 affected, reason = {job_id}, f"{reason}; then {fault_reason(heal_exc)}"
             for job in sorted(affected & set(self.drivers)):
                 count = self.recoveries[job] = self.recoveries.get(job, 0) + 1
-                gone = [k for k in self.job_groups.get(job, ()) if k not in self.groups]
+                gone = [n for n in self.job_groups.get(job, ()) if n not in self.groups]
                 if gone:  # a group it needs could not be started again (no node has room now)
                     self._stop_driver(job)
                     self._finish(job, {"state": "failed", "reason": f"engine fault, not recovered: {reason}"})
@@ -546,19 +577,19 @@ class EngineService:
         else:
             scheduler = self._scheduler()
         lost = set(ray.get(scheduler.lost_groups.remote())) | self._dead_groups()
-        for key, group in list(self.groups.items()):
-            if group.name not in lost:
+        for name, group in list(self.groups.items()):
+            if name not in lost:
                 continue
             group.shutdown()
             self._held_until_now(group)
             for rank in range(len(group.ranks)):
-                _wait_name_free(f"wpg:{group.name}:{rank}")
-            del self.groups[key]
+                _wait_name_free(f"wpg:{name}:{rank}")
+            del self.groups[name]
             # where it was, if that node group is still there and has room; else where there is room
             _, node = self._place([self.config.devices_per_group], near=[group])
-            self.groups[key] = self._start_group(key, node[0] if node else None)
-            ray.get(scheduler.add_groups.remote([self.groups[key]]))
-            affected |= {job for job in self.drivers if key in self.job_groups.get(job, ())}
+            self.groups[name] = self._start_group(self.group_keys[name], name, node[0] if node else None)
+            ray.get(scheduler.add_groups.remote([self.groups[name]]))
+            affected |= {job for job in self.drivers if name in self.job_groups.get(job, ())}
         return affected
 
     def _dead_groups(self) -> set[str]:

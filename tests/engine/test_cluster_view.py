@@ -175,14 +175,14 @@ def test_engine_status_shows_each_running_job_s_driver_memory():
     assert [line.split() for line in jobs[1:]] == [["j1", "running", "412"], ["j2", "paused", "-"]]
 
 
-def test_bench_cluster_s_jobs_alternate_two_model_configurations():
+def test_bench_cluster_s_jobs_alternate_two_model_configurations_on_one_task():
     from engine.bench.cluster_bench import job_mix
 
     mix = job_mix(5, steps=3, seed=7)
     assert [name for name, _ in mix] == [f"job-{i}" for i in range(5)]
     assert [spec.model for _, spec in mix] == ["tiny-arith", "tiny-arith-tools"] * 2 + ["tiny-arith"]
     assert [spec.seed for _, spec in mix] == [7, 8, 9, 10, 11]
-    assert {(spec.steps, spec.rollout, spec.trainer) for _, spec in mix} == {(3, "torch", "torch")}
+    assert {(spec.task, spec.steps, spec.rollout, spec.trainer) for _, spec in mix} == {("arith", 3, "torch", "torch")}
 
 
 @pytest.mark.parametrize(("args", "field"), [

@@ -84,6 +84,8 @@ def test_pause_holds_the_job_and_resume_finishes_it_with_the_same_metrics(engine
     assert states(events)[-1] == "succeeded"
     assert "paused" in states(events)
     assert metrics(events) == metrics(plain_run)  # pausing changed nothing the job learned
+    # the groups svc-plain left idle, reused: not new ones of the same kind
+    assert {e["data"]["wpg"] for e in events if e["kind"] == "usage"} == {"torch-rollout", "torch-train"}
 
 
 def usage_device_s(events: list[dict]) -> list[float]:

@@ -5,9 +5,11 @@ actors, torch backends."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
+import ray
 
 from engine.control import EngineClient
 from engine.spec import GRPOConfig, JobSpec, ServiceConfig
@@ -75,5 +77,34 @@ def test_shared_groups_are_released_once_idle_for_the_configured_time(ray_engine
         # a later job gets groups again
         client.submit_job("idle-b", SPEC)
         assert states(wait_for(client, "idle-b", finished))[-1] == "succeeded"
+    finally:
+        client.shutdown()
+
+
+def test_a_kind_gets_a_second_pair_of_groups_once_its_first_is_full_and_a_job_waits_when_no_slots_are_left(
+        ray_engine, plexrl_home, tiny_model_dir):
+    # 0.6 of a group's time each: two jobs fill a pair (1.2 <= 1.3); a quarter of the free slots a
+    # group: two pairs fit, not three
+    size = ray.available_resources().get("device", 0) / 4
+    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=size, threads=1,
+                                                                     job_demand=0.6))
+    jobs = [f"kind-{i}" for i in range(6)]
+    try:
+        statuses = {job: client.submit_job(job, dataclasses.replace(SPEC, seed=20 + i))
+                    for i, job in enumerate(jobs)}
+        assert [statuses[j]["active"] for j in jobs] == [True] * 4 + [False] * 2
+        assert statuses["kind-4"]["position"] == 1
+        assert "device slots for its torch train, torch rollout worker group(s)" in statuses["kind-4"]["reason"]
+        assert "group(s) are full (jobs' demands sum to the limit 1.3)" in statuses["kind-4"]["reason"]
+        assert statuses["kind-5"]["reason"] == "behind kind-4 in the queue"
+        runs = {job: wait_for(client, job, finished) for job in jobs}
+        assert all(states(ev)[-1] == "succeeded" for ev in runs.values())
+        wpgs = {job: sorted({u["wpg"] for u in usage(ev)}) for job, ev in runs.items()}
+        first, second = ["torch-rollout", "torch-train"], ["torch-rollout-2", "torch-train-2"]
+        assert wpgs["kind-0"] == wpgs["kind-1"] == first
+        assert wpgs["kind-2"] == wpgs["kind-3"] == second  # the first pair was full
+        assert wpgs["kind-4"] in (first, second)
+        assert wpgs["kind-5"] in (first, second)
+        assert states(runs["kind-4"])[:2] == ["queued", "running"]
     finally:
         client.shutdown()
