@@ -83,10 +83,12 @@ def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
             client.submit_job(name, spec)
         events: dict[str, list[dict]] = {name: [] for name, _ in shapes}
         wpgs: dict[str, str] = {}
+        start_s: dict[str, float] = {}  # group name -> seconds it took to start
         peak_drivers, peak_rss, ended = 0, 0.0, set()
         while len(ended) < len(shapes):
             snap = client.cluster_snapshot()
             wpgs.update({w["name"]: w["node"] for w in snap["wpgs"]})
+            start_s.update({w["name"]: w["start_s"] for w in snap["wpgs"] if w.get("start_s") is not None})
             peak_drivers = max(peak_drivers, len(snap["drivers"]))
             peak_rss = max(peak_rss, _engine_rss_mb())
             for name in events:
@@ -100,6 +102,7 @@ def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
         # a last look: groups released as the last job ended stop counting then
         held = client.cluster_snapshot()["held_device_seconds"]
         return {"events": events, "held_device_seconds": held, "makespan_s": last - started, "wpgs": wpgs,
+                "group_start_s": start_s,
                 "peak_drivers": peak_drivers, "peak_engine_rss_mb": peak_rss}
     finally:
         client.shutdown()
@@ -118,7 +121,8 @@ def _wait_gone(name: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def _per_job(name: str, dedicated: dict[str, Any], shared: dict[str, Any], node_group: dict[str, str]) -> dict:
+def _per_job(name: str, spec: JobSpec, dedicated: dict[str, Any], shared: dict[str, Any],
+             node_group: dict[str, str]) -> dict:
     def states(events: list[dict]) -> dict[str, float]:
         return {e["data"]["state"]: e["ts"] for e in events if e["kind"] == "state"}
 
@@ -128,6 +132,8 @@ def _per_job(name: str, dedicated: dict[str, Any], shared: dict[str, Any], node_
     d, s = dedicated["events"][name], shared["events"][name]
     ds, ss = states(d), states(s)
     wall = {k: v.get("succeeded", v.get("failed", 0.0)) - v.get("running", 0.0) for k, v in (("d", ds), ("s", ss))}
+    from engine.bench.mux import calls_by_function
+
     used = {u["data"]["wpg"] for u in s if u["kind"] == "usage"}
     return {"job": name, "state": list(ss)[-1] if ss else None,
             "node_group": sorted({node_group.get(shared["wpgs"].get(w, ""), "?") for w in used}),
@@ -135,7 +141,9 @@ def _per_job(name: str, dedicated: dict[str, Any], shared: dict[str, Any], node_
             "dedicated_queued_s": ds.get("running", 0.0) - ds.get("queued", 0.0),
             "dedicated_wall_s": wall["d"], "shared_wall_s": wall["s"],
             "slowdown": wall["s"] / wall["d"] if wall["d"] > 0 else None,
-            "identical_metrics": bool(metrics(d)) and metrics(d) == metrics(s)}
+            "identical_metrics": bool(metrics(d)) and metrics(d) == metrics(s),
+            # what its dedicated run measured, for `plexrl sim --from-bench`
+            "spec": spec.to_dict(), "calls": calls_by_function([u["data"] for u in d if u["kind"] == "usage"])}
 
 
 def bench_cluster(*, nodes: int, devices_per_node: int, jobs: int, steps: int, seed: int, rollout: str = "torch",
@@ -170,9 +178,14 @@ def bench_cluster(*, nodes: int, devices_per_node: int, jobs: int, steps: int, s
         bar.close()
         ray.shutdown()
         cluster.shutdown()
-    per_job = [_per_job(name, dedicated, shared, node_group) for name, _ in shapes]
+    per_job = [_per_job(name, spec, dedicated, shared, node_group) for name, spec in shapes]
+    started = sorted(dedicated["group_start_s"].values())
     return {
+        "bench": "cluster",
+        "config": dataclasses.asdict(base),
         "nodes": [{"id": n.id, "node_group": n.node_group, "devices": n.devices} for n in listed],
+        # seconds a worker group took to start, median over the dedicated run's (all new)
+        "group_start_s": started[len(started) // 2] if started else None,
         "wpgs": [{"name": w, "node": node, "node_group": node_group.get(node)}
                  for w, node in sorted(shared["wpgs"].items())],
         "dedicated_wpgs": len(dedicated["wpgs"]),

@@ -68,7 +68,7 @@ def _exec_by_fn(usage: list[dict]) -> dict[str, float]:
     return {fn: statistics.median(v) for fn, v in sorted(by_fn.items())}
 
 
-def _calls(usage: list[dict]) -> dict[str, dict[str, float]]:
+def calls_by_function(usage: list[dict]) -> dict[str, dict[str, float]]:
     """Per "role/function": calls made, their execution seconds and the seconds they held their
     WPG (dispatch to completion, as the scheduler saw it), in all (a call held by two WPGs counts
     once)."""
@@ -142,7 +142,7 @@ def _run_dedicated(engine, shapes, root: Path, count) -> dict[str, dict[str, Any
         events = _finish([run], run_jobs([run], groups, count, poll_s=0.05))[run.job_id]
         start, end = _wall(events)
         usage = [e["data"] for e in events if e["kind"] == "usage"]
-        dedicated[name] = {"wall_s": end - start, "exec_s": _exec_by_fn(usage), "calls": _calls(usage)}
+        dedicated[name] = {"wall_s": end - start, "exec_s": _exec_by_fn(usage), "calls": calls_by_function(usage)}
         for g in groups:
             g.shutdown()
             engine.groups.remove(g)

@@ -145,13 +145,13 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def _from_bench(args: argparse.Namespace) -> int:
     from engine.errors import CliError
-    from engine.sim.from_bench import load, predict
+    from engine.sim.from_bench import load, predict_any
 
     if not args.switch_s >= 0:
         raise CliError("--switch-s: must be >= 0")
     try:
-        result = predict(load(args.from_bench), switch_s=args.switch_s)
-    except (ValueError, KeyError) as exc:
+        result = predict_any(load(args.from_bench), switch_s=args.switch_s)
+    except (ValueError, KeyError, TypeError) as exc:
         raise CliError(f"--from-bench {args.from_bench}: {exc}") from None
     if args.json:
         print(json.dumps(result, indent=2))

@@ -127,6 +127,9 @@ class AdmissionPolicy:
     max_passed: int = 64  # passed this often, a waiting job reserves a domain (one at a time)
     close_urgent: bool = True  # an urgent job's WPGs take no new job
     spread_alone: bool = True  # a job admitted while nobody else waits spreads (else it packs)
+    # after admission, jobs are profiled, re-measured, moved and made urgent (phase 2 and later);
+    # False: a job keeps its declared demand and its WPGs until it ends (the live engine today)
+    adaptive: bool = True
 
     def __post_init__(self):
         # a WPG loaded past the bound cannot keep its jobs within it: they need ``load`` x their time
@@ -336,6 +339,8 @@ class Placer:
         steps its measured demand and micro-shift; later, while a job waits that fits nowhere, a
         move onto fuller WPGs that releases one of its own, and while none waits, a move onto
         fresh WPGs of its own if it shares one."""
+        if not self.policy.adaptive:
+            return Progress()
         j = self.jobs[job]
         j.alone_s += profile.alone_s
         urgent = self._urgency(j, now)

@@ -40,10 +40,9 @@ from engine.service.cluster import (
     node_usage,
     ray_free_devices,
     read_nodes,
-    rollout_affinity,
 )
 from engine.service.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
-from engine.service.placing import GroupKey, LiveGroup, admission_round
+from engine.service.placing import GroupKey, LiveGroup, admission_round, declared, group_keys, live_policy
 from engine.service.tenants import TenantBook
 from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
 from engine.support.local_node import here
@@ -89,23 +88,12 @@ class EngineService:
         self.replacing: set[str] = set()  # jobs whose driver the service kills to start a new one
         self.lock = threading.RLock()
         self.formed: dict[str, float] = {}  # group name -> when it started (monotonic), while it runs
+        self.start_s: dict[str, float] = {}  # group name -> seconds it took to start, while it runs
         self.idle_since: dict[str, float] = {}  # group name -> since when no running job uses it
         self.held_device_s = 0.0  # device-seconds of the groups released so far, idle time included
         threading.Thread(target=self._watch, daemon=True).start()
 
     # -- worker groups ----------------------------------------------------------------------------
-    def _group_keys(self, job_id: str, spec: JobSpec) -> list[GroupKey]:
-        """The groups a job runs on: one per side, by backend, ranks and affinity (a vLLM engine is
-        built for one model configuration: jobs of another get a group of their own); with
-        ``dedicated``, groups of its own (the job's id in their affinity)."""
-        def own(affinity: str) -> str:
-            if not self.config.dedicated:
-                return affinity
-            return f"{affinity}@{job_id}" if affinity else job_id
-
-        rollout = rollout_affinity(spec.model) if spec.rollout == "vllm" else ""
-        return [("train", spec.trainer, spec.tp, own("")), ("rollout", spec.rollout, 1, own(rollout))]
-
     def _group_name(self, key: GroupKey) -> str:
         """A name for a new group of ``key``: its kind, then a number from the second on."""
         side, kind, ranks, affinity = key
@@ -148,6 +136,7 @@ class EngineService:
             swapping=Swapping(max_resident=self.config.max_resident),
             serves=TRAIN_FUNCTIONS if side == "train" else ROLLOUT_FUNCTIONS, node=node)
         self.formed[name] = started
+        self.start_s[name] = time.monotonic() - started
         return group
 
     def _usage(self) -> list[dict[str, Any]]:
@@ -212,27 +201,18 @@ class EngineService:
                 return
             time.sleep(0.1)
 
-    def _policy(self) -> Any:
-        from engine.scheduler.admission import AdmissionPolicy
-
-        limit = self.config.group_load_limit
-        return AdmissionPolicy(limit=limit, slowdown_bound=max(1.5, limit), backfill=False,
-                               spread_alone=self.config.spread)
-
     def _admit(self) -> None:
         """Start the waiting jobs the placer admits (``placing.admission_round``: first come first
         served, the first that does not fit holds the later ones), forming the groups it places;
         the others keep its reasons. Holds the lock."""
-        from engine.scheduler.admission import Demand
-
         if not self.waiting or self.closing:
             return
         groups = [LiveGroup(n, self.group_keys[n], g.nodes[0] if g.nodes else "", g.devices)
                   for n, g in sorted(self.groups.items())]
         running = {job: self.job_groups[job] for job in self.drivers if job in self.job_groups}
-        demand = Demand(self.config.job_demand, self.config.job_demand)
         decided = admission_round(self._usage(), groups, running, [(j, self.job_keys[j]) for j in self.waiting],
-                                  group_devices=self.config.devices_per_group, demand=demand, policy=self._policy())
+                                  group_devices=self.config.devices_per_group, demand=declared(self.config),
+                                  policy=live_policy(self.config))
         self.reasons = dict(decided.reasons)
         made: dict[str, str] = {}  # the round's new groups: the placer's name -> the group's
         for admitted in decided.admitted:
@@ -296,7 +276,7 @@ class EngineService:
         path = events_path(self.data_dir, job_id)
         if path.exists():
             return self.status(job_id)  # submitted before: never a second driver
-        keys = self._group_keys(job_id, parsed)  # reads a model folder's config: not under the lock
+        keys = group_keys(job_id, parsed, dedicated=self.config.dedicated)  # may read a model folder: not locked
         with self.lock:
             if job_id in self.drivers or path.exists():
                 return self.status(job_id)
@@ -410,7 +390,7 @@ class EngineService:
             "wpgs": [{"name": g.name, "node": g.nodes[0] if g.nodes else None, "rank_nodes": list(g.nodes),
                       "side": side, "backend": kind, "models": sorted(models.get(g.name, ())),
                       "architectures": sorted({a for m in models.get(g.name, ()) if (a := architecture(m))}),
-                      "devices": g.devices,
+                      "devices": g.devices, "start_s": self.start_s.get(g.name),
                       "resident_jobs": [j for j in resident.get(g.name, []) if j in self.jobs]}
                      for (side, kind, _, _), g in keyed],
             "jobs": {job: self.status(job).get("state") for job in sorted(self.drivers)},

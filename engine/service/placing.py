@@ -26,10 +26,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.scheduler.admission import AdmissionPolicy, Demand, Domain, JobShape, Placer
-from engine.service.cluster import SLOT_UNITS
+from engine.service.cluster import SLOT_UNITS, rollout_affinity
+
+if TYPE_CHECKING:
+    from engine.spec import JobSpec, ServiceConfig
 
 GroupKey = tuple[str, str, int, str]  # (side, backend, ranks, affinity)
 
@@ -60,16 +63,45 @@ class Round:
     reasons: dict[str, str] = field(default_factory=dict)  # waiting job -> why it still waits
 
 
+def group_keys(job_id: str, spec: JobSpec, *, dedicated: bool = False) -> list[GroupKey]:
+    """The kinds of group a job runs on, train first: one per side, by backend, ranks and affinity
+    (a vLLM engine is built for one model configuration: jobs of another get a group of their own;
+    ``rollout_affinity`` may read a model folder); with ``dedicated``, groups of its own (the
+    job's id in their affinity)."""
+    def own(aff: str) -> str:
+        if not dedicated:
+            return aff
+        return f"{aff}@{job_id}" if aff else job_id
+
+    rollout = rollout_affinity(spec.model) if spec.rollout == "vllm" else ""
+    return [("train", spec.trainer, spec.tp, own("")), ("rollout", spec.rollout, 1, own(rollout))]
+
+
+def live_policy(config: ServiceConfig) -> AdmissionPolicy:
+    """The placer's policy as the live engine runs it: first come first served, each job at its
+    declared demand on the WPGs it was admitted to until it ends (not ``adaptive``: no profile,
+    no move yet); with ``config.spread``, a job alone in the queue spreads."""
+    limit = config.group_load_limit
+    return AdmissionPolicy(limit=limit, slowdown_bound=max(1.5, limit), backfill=False,
+                           spread_alone=config.spread, adaptive=False)
+
+
+def declared(config: ServiceConfig) -> Demand:
+    """A job's demand until measured: ``config.job_demand`` of a group's time on each side."""
+    return Demand(config.job_demand, config.job_demand)
+
+
 def affinity(key: GroupKey) -> str:
     """The placer's affinity of a group key (its side is the placer's WPG kind)."""
     _, backend, ranks, aff = key
     return f"{backend}/tp{ranks}/{aff}"
 
 
-def shape(keys: Sequence[GroupKey], units: int) -> JobShape:
+def shape(keys: Sequence[GroupKey], units: int, capacity: int = 1) -> JobShape:
+    """A job's shape: one rollout and one train WPG of ``units``, each holding ``capacity`` states."""
     train = next(k for k in keys if k[0] == "train")
     rollout = next(k for k in keys if k[0] == "rollout")
-    return JobShape(affinity(rollout), 1, units, units, train_affinity=affinity(train))
+    return JobShape(affinity(rollout), 1, units, units, capacity, capacity, train_affinity=affinity(train))
 
 
 def admission_round(usage: Sequence[Mapping[str, Any]], groups: Sequence[LiveGroup],
@@ -81,7 +113,7 @@ def admission_round(usage: Sequence[Mapping[str, Any]], groups: Sequence[LiveGro
     group names; ``waiting``: (job, its group keys) in submission order; ``demand``: a job's
     until ``demands`` has one measured for it."""
     units = round(group_devices * SLOT_UNITS)
-    placer, where = _view(usage, policy)
+    placer, where = view(usage, policy)
     demands = demands or {}
     busy = {name for names in running.values() for name in names}
     live = {g.name: g for g in groups}
@@ -120,7 +152,7 @@ def admission_round(usage: Sequence[Mapping[str, Any]], groups: Sequence[LiveGro
     return Round(tuple(admitted), reasons)
 
 
-def _view(usage: Sequence[Mapping[str, Any]], policy: AdmissionPolicy) -> tuple[Placer, dict[str, tuple[str, int]]]:
+def view(usage: Sequence[Mapping[str, Any]], policy: AdmissionPolicy) -> tuple[Placer, dict[str, tuple[str, int]]]:
     """An empty placer over the node groups, each node's slots free as far as the engine's groups
     (all of them) or nothing else holds them; and node id -> (domain, node index)."""
     by_group: dict[str, list[Mapping[str, Any]]] = {}

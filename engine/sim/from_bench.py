@@ -1,4 +1,5 @@
-"""``plexrl sim --from-bench FILE``: predict a live ``plexrl bench mux`` shared run from its isolated runs.
+"""``plexrl sim --from-bench FILE``: predict a live ``plexrl bench mux`` or ``plexrl bench cluster``
+shared run from its isolated (dedicated) runs.
 
 Only what the isolated runs (a) measured is used: each job's spec (steps), its calls per
 "role/function" with the seconds they held their WPG, and its isolated wall time. The shared run
@@ -13,10 +14,17 @@ forward_backward / optim_step pairs on the train WPG, then ``sync_weights`` on b
 Counts per step are the run's counts spread evenly over its steps; each call holds its WPG for the
 run's mean held seconds of that function; host time per step is the isolated wall time not spent
 in calls, spread evenly.
+
+A ``bench cluster`` output is replayed through the live engine's own placement: the placer with
+the policy and declared demand the engine service runs (``engine.service.placing``), on the
+bench's nodes and service config, in the cluster simulator (``ClusterSimulation``): every job
+arrives at once, groups are formed as the placer lays them, each taking the measured median
+start-up time of a group, and released when empty; device-seconds are what the groups held.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -33,7 +41,7 @@ def _per_step(total: int, steps: int, k: int) -> int:
     return total * (k + 1) // steps - total * k // steps
 
 
-def bench_job(entry: dict[str, Any], switch_s: float) -> SimJob:
+def bench_job(entry: dict[str, Any], switch_s: float, cls: str = "bench") -> SimJob:
     steps = int(entry["spec"]["steps"])
     calls = entry["calls"]
     held = sum(c["held_s"] for c in calls.values())
@@ -82,7 +90,7 @@ def bench_job(entry: dict[str, Any], switch_s: float) -> SimJob:
         return out
 
     switch = {(role, kind): switch_s for role in roles for kind in ("rollout", "train")}
-    return SimJob(entry["job"], "bench", 0.0, steps, 1, (0.0, 0.0), switch, stages)
+    return SimJob(entry["job"], cls, 0.0, steps, 1, (0.0, 0.0), switch, stages)
 
 
 def predict(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[str, Any]:
@@ -114,6 +122,54 @@ def predict(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[str, Any]:
         "switch_s": switch_s,
         "jobs": len(jobs),
     }
+
+
+def predict_cluster(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[str, Any]:
+    """Simulate a ``plexrl bench cluster`` output's shared run (see the module's docstring)."""
+    from engine.service.cluster import SLOT_UNITS
+    from engine.service.placing import declared, group_keys, live_policy, shape, view
+    from engine.sim.simulate import ClassCosts, ClusterSimulation
+    from engine.spec import JobSpec, ServiceConfig
+
+    missing = [k for k in ("config", "nodes", "per_job", "group_start_s") if k not in bench]
+    if missing or any("calls" not in e for e in bench.get("per_job", ())):
+        raise ValueError("not a `plexrl bench cluster --json` output of this plexrl: missing "
+                         + ", ".join(missing or ["per-job calls"]))
+    config = dataclasses.replace(ServiceConfig(**bench["config"]), dedicated=False)
+    units = round(config.devices_per_group * SLOT_UNITS)
+    usage = [{"id": n["id"], "node_group": n["node_group"], "devices": n["devices"],
+              "free_devices": float(n["devices"]), "held_devices": 0.0} for n in bench["nodes"]]
+    placer, _ = view(usage, live_policy(config))
+    entries = bench["per_job"]
+    costs = ClassCosts({e["job"]: shape(group_keys(e["job"], JobSpec.from_dict(e["spec"])), units,
+                                        config.max_resident) for e in entries},
+                       dict.fromkeys((e["job"] for e in entries), declared(config)),
+                       dict.fromkeys((e["job"] for e in entries), 0.0), Policy())
+    sim = ClusterSimulation("plexrl", costs, placer, form_s=bench["group_start_s"] or 0.0)
+    result = sim.run([bench_job(e, switch_s, cls=e["job"]) for e in entries])
+    predicted = {
+        "shared_device_seconds": sim.held_device_s() / SLOT_UNITS,
+        "makespan_s": max(result.finish.values()),
+        "peak_wpgs": sim.held_peak // units,
+        "switches": result.switches,
+        "per_job_queued_s": {j: result.start[j] for j in sorted(result.start)},  # all arrive at 0
+        "per_job_wall_s": {j: result.finish[j] - result.start[j] for j in sorted(result.finish)},
+    }
+    measured = {"shared_device_seconds": bench["shared_device_seconds"], "makespan_s": bench["shared_makespan_s"],
+                "wpgs": len(bench.get("wpgs", ()))}
+    return {
+        "predicted": predicted,
+        "measured": measured,
+        "error": {k: predicted[k] / measured[k] - 1 for k in ("shared_device_seconds", "makespan_s")},
+        "switch_s": switch_s,
+        "group_start_s": bench["group_start_s"],
+        "jobs": len(entries),
+    }
+
+
+def predict_any(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[str, Any]:
+    """``predict_cluster`` for a ``bench cluster`` output, else ``predict`` (``bench mux``)."""
+    return (predict_cluster if bench.get("bench") == "cluster" else predict)(bench, switch_s=switch_s)
 
 
 def load(path: Path) -> dict[str, Any]:

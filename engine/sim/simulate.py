@@ -577,23 +577,22 @@ class ClusterSimulation(PoolSimulation):
     pace, its profile, a micro-shift). Prefetch hints overlap a swap with the WPG's running call;
     a train state's write-back overlaps what follows (write-behind), so a switch costs its read."""
 
-    def __init__(self, mode: str, w: Workload, placer: Placer, *, sync: str = "gang",
-                 on_done: Callable[[], None] | None = None):
+    def __init__(self, mode: str, costs: ClassCosts, placer: Placer, *, sync: str = "gang",
+                 on_done: Callable[[], None] | None = None, form_s: float = 0.0):
         if sync not in SYNCS:
             raise ValueError(f"sync must be one of {', '.join(SYNCS)}, got {sync!r}")
-        self.placer, self.w, self.sync = placer, w, sync
-        domains = [Pool(d, "*", Scheduler(sim_policy(w)), [], []) for d in placer.domains]
+        self.placer, self.sync, self.form_s = placer, sync, form_s
+        domains = [Pool(d, "*", Scheduler(costs.policy), [], []) for d in placer.domains]
         super().__init__(mode, domains, admit_load=placer.policy.limit, spread=True, on_done=on_done)
         self.domain = {p.name: p for p in domains}
-        self.shapes = {c.name: job_shape(w, c) for c in w.classes}
-        self.declared = {c.name: Demand(*declared_demand(w, c)) for c in w.classes}
+        self.shapes, self.declared = costs.shapes, costs.declared
         self.prefetched: dict[tuple[str, Deployment], float] = {}  # (wpg, deployment) -> when its swap began
         self.held_s = 0.0  # device-seconds of WPGs formed, idle or not
         self._held_since = 0.0
         self.held_peak = 0
         self.moves = 0
         self.migrations = 0  # moves to another domain
-        self.migrate_s = {c.name: migrate_s(w, c) for c in w.classes}
+        self.migrate_s = costs.migrate_s
         self.jobs_by_id: dict[str, SimJob] = {}
 
     def check(self, job: SimJob) -> None:
@@ -632,7 +631,10 @@ class ClusterSimulation(PoolSimulation):
             self.running[job.id] = r
             self.start[job.id] = now
             self._costs(r)
-            self.begin_step(r, now)
+            if self.form_s and placement.formed:  # its new WPGs start first, one after another
+                self.push(now + self.form_s * len(placement.formed), "resume", r)
+            else:
+                self.begin_step(r, now)
             touched.append(pool)
         self.held_peak = max(self.held_peak, self.placer.held_devices())
         return touched
@@ -738,6 +740,23 @@ def migrate_s(w: Workload, c: ModelClass) -> float:
     return (w.weight_bytes + w.optimizer_bytes) * c.params_b * 1e9 / (nodes * w.disk_gb_s * 1e9)
 
 
+@dataclass(frozen=True)
+class ClassCosts:
+    """What ``ClusterSimulation`` knows of each job class: its shape, declared demand, the seconds
+    its state takes to cross to another domain; and the scheduler cores' policy."""
+
+    shapes: dict[str, JobShape]
+    declared: dict[str, Demand]
+    migrate_s: dict[str, float]
+    policy: Policy
+
+
+def workload_costs(w: Workload) -> ClassCosts:
+    return ClassCosts({c.name: job_shape(w, c) for c in w.classes},
+                      {c.name: Demand(*declared_demand(w, c)) for c in w.classes},
+                      {c.name: migrate_s(w, c) for c in w.classes}, sim_policy(w))
+
+
 def job_shape(w: Workload, c: ModelClass) -> JobShape:
     return JobShape(c.name, c.rollout_gpus // c.replica_gpus, c.replica_gpus, c.train_gpus,
                     _capacity(w, c, "rollout", c.replica_gpus), _capacity(w, c, "train", c.train_gpus))
@@ -766,7 +785,7 @@ def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admission: dict
     sync = admission.pop("sync", "gang")
     policy = sim_admission(w, mode, **admission)
     placer = Placer(cluster_domains(w, groups), policy)
-    sim = ClusterSimulation(mode, w, placer, sync=sync, on_done=on_done)
+    sim = ClusterSimulation(mode, workload_costs(w), placer, sync=sync, on_done=on_done)
     result = sim.run([workload_job(w, p) for p in plans])
     result.extra = {"admission": dataclasses.asdict(policy), "sync": sync, "domains": len(placer.domains),
                     "moves": sim.moves, "migrations": sim.migrations, "held_peak_devices": sim.held_peak}

@@ -10,7 +10,8 @@ rollout group and one torch train group, shared by every job), on a PLEXRL_HOME 
 
 - ``--jobs N``: submits N small jobs at once (distinct seeds) and waits for all of them. Prints how
   many succeeded, the wall time, each job's wall time (p50 / max), the device-seconds billed, the
-  scheduler's switches, and the peak resident memory of the engine's processes.
+  scheduler's switches, the peak resident memory of the engine's processes, and the most jobs
+  running at once (each with a driver process) and waiting at once (queued: none).
 - ``--soak-minutes M``: keeps ``--in-flight`` jobs running for M minutes, submitting the next job
   as one ends, and samples the resident memory (RSS, summed) of every engine process (the Ray
   actors: service, drivers, worker ranks, scheduler, StateManager) every ``--sample-s`` seconds.
@@ -90,18 +91,21 @@ def burst(engine, jobs: int, steps: int) -> dict:
     for i, job in enumerate(ids):
         engine.submit_job(job, small_spec(steps, seed=i))
     done: dict[str, str] = {}
-    peak = 0
+    peak = peak_active = peak_queued = 0
     with tqdm(total=jobs * steps, desc=f"{jobs} jobs", unit="step") as bar:
         steps_seen = 0
         while len(done) < jobs:
             time.sleep(1.0)
             peak = max(peak, engine_rss()[0])
-            total = 0
+            total = active = queued = 0
             for job in ids:
                 status = engine.status(job)
                 if status.get("state") in TERMINAL:
                     done[job] = status["state"]
+                active += bool(status.get("active"))  # a driver process: admitted, running
+                queued += "position" in status  # waiting for room: no driver
                 total += sum(1 for e in engine.events(job, 0, 10_000) if e["kind"] == "metrics")
+            peak_active, peak_queued = max(peak_active, active), max(peak_queued, queued)
             bar.update(total - steps_seen)
             steps_seen = total
     wall = time.monotonic() - started
@@ -119,6 +123,7 @@ def burst(engine, jobs: int, steps: int) -> dict:
         "job_wall_p50_s": round(statistics.median(per_job), 1), "job_wall_max_s": round(max(per_job), 1),
         "device_s_billed": round(billed, 1), "switches": snapshot["switches"],
         "switch_s": round(snapshot["switch_seconds"], 1), "peak_engine_rss_mb": round(peak / 2**20),
+        "peak_drivers": peak_active, "peak_queued": peak_queued,
     }
 
 

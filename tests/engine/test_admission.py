@@ -20,7 +20,7 @@ from engine.scheduler.admission import (
     StepProfile,
     measure_demand,
 )
-from engine.sim.simulate import ClusterSimulation, cluster_domains, summarise, workload_job
+from engine.sim.simulate import ClusterSimulation, cluster_domains, summarise, workload_costs, workload_job
 from engine.sim.workload import ModelClass, Shares, Workload, generate_jobs, plan_all
 
 SMALL = JobShape("a", replicas=2, rollout_devices=1, train_devices=2)
@@ -230,7 +230,8 @@ class CheckedPlacer(Placer):
 def simulate(w: Workload, jobs, policy: AdmissionPolicy, sync: str = "gang"):
     plans = plan_all(w, jobs)
     p = CheckedPlacer(cluster_domains(w), policy)
-    result = ClusterSimulation("plexrl_backfill", w, p, sync=sync).run([workload_job(w, x) for x in plans])
+    sim = ClusterSimulation("plexrl_backfill", workload_costs(w), p, sync=sync)
+    result = sim.run([workload_job(w, x) for x in plans])
     return p, result, plans
 
 

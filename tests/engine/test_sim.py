@@ -344,3 +344,50 @@ def test_a_mode_runs_with_the_cyclic_collector_paused_and_restores_it(mode):
             gc.enable()
     assert seen
     assert not any(seen)
+
+
+def cluster_bench(job_demand: float, jobs: int = 8) -> dict:
+    """A `plexrl bench cluster --json` output's inputs to the prediction: 3 nodes x 2 slots, ``jobs``
+    alike jobs of 2 steps, what their dedicated runs measured."""
+    from engine.spec import JobSpec, ServiceConfig
+
+    spec = JobSpec(task="arith", model="tiny-arith", steps=2, seed=0, rollout="torch", trainer="torch").to_dict()
+    calls = {"policy/create": {"count": 2, "held_s": 0.2}, "policy/generate": {"count": 4, "held_s": 2.0},
+             "policy/forward_backward": {"count": 2, "held_s": 1.0}, "policy/optim_step": {"count": 2, "held_s": 0.2},
+             "policy/sync_weights": {"count": 2, "held_s": 0.4}}
+    config = dataclasses.asdict(ServiceConfig(devices_per_group=1.0, threads=1, idle_release_s=0.0,
+                                              job_demand=job_demand))
+    return {"bench": "cluster", "config": config, "group_start_s": 2.0,
+            "nodes": [{"id": f"n{i}", "node_group": f"n{i}", "devices": 2} for i in range(3)],
+            "per_job": [{"job": f"job-{i}", "spec": spec, "calls": calls, "dedicated_wall_s": 5.0}
+                        for i in range(jobs)],
+            "shared_device_seconds": 1.0, "shared_makespan_s": 1.0}
+
+
+def test_from_bench_replays_a_cluster_bench_through_the_live_placement():
+    from engine.sim.from_bench import predict_any
+
+    packed = predict_any(cluster_bench(0.3))["predicted"]
+    assert packed["peak_wpgs"] == 4  # four jobs a pair (4 x 0.3 <= 1.3): two pairs
+    assert set(packed["per_job_wall_s"]) == {f"job-{i}" for i in range(8)}
+    crowded = predict_any(cluster_bench(0.6))["predicted"]
+    assert crowded["peak_wpgs"] == 6  # two jobs a pair: the 3 nodes' 6 slots, and 2 jobs wait
+    assert set(packed["per_job_queued_s"].values()) == {0.0}
+    queued = crowded["per_job_queued_s"]
+    assert [queued[f"job-{i}"] for i in range(6)] == [0.0] * 6
+    assert min(queued["job-6"], queued["job-7"]) > 5.0  # until a job of the first pairs ended
+    alone = predict_any(cluster_bench(0.3, jobs=1))["predicted"]
+    # one job: its two groups start one after the other, then its steps run as measured alone
+    assert alone["makespan_s"] == pytest.approx(2 * 2.0 + 5.0 - 0.2 / 2, rel=0.05)
+    assert alone["shared_device_seconds"] == pytest.approx(2 * alone["makespan_s"], rel=1e-6)
+
+
+def test_from_bench_refuses_a_cluster_bench_without_its_measurements(tmp_path, run_plexrl):
+    bench = cluster_bench(0.3)
+    del bench["group_start_s"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(bench))
+    done = run_plexrl("sim", "--from-bench", str(path), timeout=120)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert "missing group_start_s" in line
