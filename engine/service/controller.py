@@ -155,6 +155,7 @@ class EngineService:
     def _held_until_now(self, group: Any) -> None:
         """Count a group's device-seconds held (it is shut down now)."""
         started = self.formed.pop(group.name, None)
+        self.start_s.pop(group.name, None)
         if started is not None:
             self.held_device_s += (time.monotonic() - started) * group.devices
 
