@@ -26,6 +26,18 @@ def usage(events: list[dict]) -> list[dict]:
     return [e["data"] for e in events if e["kind"] == "usage"]
 
 
+def settled_free_slots(window_s: float = 8.0) -> float:
+    """The device slots free on the node once a previous test's groups are gone: Ray frees a
+    released group's slots a little after its shutdown returns, so the most seen over a short
+    window (or all of them, as soon as they are)."""
+    total = sum(n["Resources"].get("device", 0) for n in ray.nodes() if n["Alive"])
+    best, deadline = 0.0, time.monotonic() + window_s
+    while time.monotonic() < deadline and best < total:
+        best = max(best, ray.available_resources().get("device", 0))
+        time.sleep(0.5)
+    return best
+
+
 def billed(events: list[dict]) -> float:
     return sum((u["end"] - u["start"]) * u["devices"] for u in usage(events))
 
@@ -85,7 +97,7 @@ def test_a_kind_gets_a_second_pair_of_groups_once_its_first_is_full_and_a_job_wa
         ray_engine, plexrl_home, tiny_model_dir):
     # 0.6 of a group's time each: two jobs fill a pair (1.2 <= 1.3); a quarter of the free slots a
     # group: two pairs fit, not three
-    size = ray.available_resources().get("device", 0) / 4
+    size = settled_free_slots() / 4
     client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=size, threads=1,
                                                                      job_demand=0.6))
     jobs = [f"kind-{i}" for i in range(6)]
