@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,13 +180,13 @@ def bench_cluster(*, nodes: int, devices_per_node: int, jobs: int, steps: int, s
         ray.shutdown()
         cluster.shutdown()
     per_job = [_per_job(name, spec, dedicated, shared, node_group) for name, spec in shapes]
-    started = sorted(dedicated["group_start_s"].values())
+    started = list(dedicated["group_start_s"].values())
     return {
         "bench": "cluster",
         "config": dataclasses.asdict(base),
         "nodes": [{"id": n.id, "node_group": n.node_group, "devices": n.devices} for n in listed],
         # seconds a worker group took to start, median over the dedicated run's (all new)
-        "group_start_s": started[len(started) // 2] if started else None,
+        "group_start_s": statistics.median(started) if started else None,
         "wpgs": [{"name": w, "node": node, "node_group": node_group.get(node)}
                  for w, node in sorted(shared["wpgs"].items())],
         "dedicated_wpgs": len(dedicated["wpgs"]),

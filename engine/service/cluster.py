@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,11 +91,9 @@ def choose_nodes(usage: Sequence[Mapping[str, Any]], sizes: Sequence[float],
     preferred = set(prefer)
     best, best_key = None, None
     for name, rows in sorted(groups.items()):
-        per_node = round(max(r["devices"] for r in rows) * SLOT_UNITS)
-        domain = Domain(name, len(rows), per_node)
-        for i, row in enumerate(rows):  # a smaller node of a mixed group: its slots, never more
-            room = min(row["free_devices"], row["devices"]) * SLOT_UNITS
-            domain.free[i] = list(range(max(0, math.floor(room + 1e-6))))
+        # a smaller node of a mixed group: its slots, never more
+        domain = slot_domain(name, rows, lambda row: min(row["free_devices"], row["devices"]))
+        per_node = domain.node_devices
         if any(u > per_node for u in units):
             continue  # a group never spans nodes
         plan = domain.plan(units)
@@ -105,6 +103,16 @@ def choose_nodes(usage: Sequence[Mapping[str, Any]], sizes: Sequence[float],
         if best_key is None or key < best_key:
             best, best_key = [rows[devices[0][0]]["id"] for devices in plan], key
     return best
+
+
+def slot_domain(name: str, rows: Sequence[Mapping[str, Any]], room: Callable[[Mapping[str, Any]], float]) -> Domain:
+    """Node group ``name``'s nodes (``node_usage`` rows, in this order) as a placer's domain in
+    1/``SLOT_UNITS`` slot units: nodes of the largest node's size, ``room(row)`` slots free on each."""
+    per_node = round(max(r["devices"] for r in rows) * SLOT_UNITS)
+    domain = Domain(name, len(rows), per_node)
+    for i, row in enumerate(rows):
+        domain.free[i] = list(range(min(per_node, max(0, math.floor(room(row) * SLOT_UNITS + 1e-6)))))
+    return domain
 
 
 def read_nodes() -> list[Node]:

@@ -23,13 +23,12 @@ Pure: tested on tables.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine.scheduler.admission import AdmissionPolicy, Demand, Domain, JobShape, Placer
-from engine.service.cluster import SLOT_UNITS, rollout_affinity
+from engine.service.cluster import SLOT_UNITS, rollout_affinity, slot_domain
 
 if TYPE_CHECKING:
     from engine.spec import JobSpec, ServiceConfig
@@ -135,6 +134,7 @@ def admission_round(usage: Sequence[Mapping[str, Any]], groups: Sequence[LiveGro
         except ValueError:
             reasons[job] = (f"no node group can hold its worker groups ({group_devices:g} device slots each, on "
                             f"one node): it waits for a larger node to join")
+    node_at = {at: node for node, at in where.items()}
     admitted = []
     for p in placer.admit(0.0):
         formed = {s.name: s for s in p.formed}
@@ -142,7 +142,7 @@ def admission_round(usage: Sequence[Mapping[str, Any]], groups: Sequence[LiveGro
         for name in (p.train, *p.rollout):
             key = next(k for k in keys_of[p.job] if k[0] == ("train" if name == p.train else "rollout"))
             slot = formed.get(name)
-            chosen.append((key, name, _node_of(usage, slot.domain, slot.devices[0][0]) if slot else ""))
+            chosen.append((key, name, node_at[(slot.domain, slot.devices[0][0])] if slot else ""))
         admitted.append(Admitted(p.job, tuple(chosen)))
     left = list(placer.waiting)
     if left:
@@ -160,21 +160,12 @@ def view(usage: Sequence[Mapping[str, Any]], policy: AdmissionPolicy) -> tuple[P
         by_group.setdefault(row["node_group"], []).append(row)
     domains, where = [], {}
     for name, rows in sorted(by_group.items()):
-        per_node = round(max(r["devices"] for r in rows) * SLOT_UNITS)
-        domain = Domain(name, len(rows), per_node)
-        for i, row in enumerate(sorted(rows, key=lambda r: r["id"])):
-            room = (row.get("held_devices", 0.0) + max(0.0, row["free_devices"])) * SLOT_UNITS
-            domain.free[i] = list(range(min(per_node, max(0, math.floor(room + 1e-6)))))
-            where[row["id"]] = (name, i)
-        domains.append(domain)
+        rows = sorted(rows, key=lambda r: r["id"])
+        domains.append(slot_domain(name, rows, lambda r: r.get("held_devices", 0.0) + max(0.0, r["free_devices"])))
+        where.update({row["id"]: (name, i) for i, row in enumerate(rows)})
     if not domains:
         domains = [Domain("(no nodes)", 0, 1)]
     return Placer(domains, policy), where
-
-
-def _node_of(usage: Sequence[Mapping[str, Any]], domain: str, index: int) -> str:
-    rows = sorted((r for r in usage if r["node_group"] == domain), key=lambda r: r["id"])
-    return rows[index]["id"]
 
 
 def _why(placer: Placer, job: str, keys: Sequence[GroupKey], group_devices: float) -> str:
