@@ -1,16 +1,17 @@
-"""Plain data that crosses the function API: small frozen dataclasses and tensors.
+"""Plain data that crosses the function API: small frozen dataclasses and numpy arrays.
 
-Algorithm code gets these through ``engine.client``; backends receive and return them.
+Algorithm code gets these through ``engine.client``; backends receive and return them. Arrays, not
+torch tensors, cross it: a job's driver (the algorithm loop) then never needs torch in memory, and a
+backend turns them into tensors on its own device (``as_tensor``), bit for bit.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # tensors cross the API, but its names and checks must import without torch
-    import torch
+import numpy as np
 
 ROLES = ("policy", "reference")
 FUNCTIONS = (
@@ -62,19 +63,31 @@ class Completion:
 class Batch:
     """Sequences for ``forward`` / ``forward_backward``: a prompt and a completion per row.
 
-    Loss inputs ride along as tensors aligned with completion tokens (``[B, T]``, T the longest
-    completion, zero-padded) or per row (``advantages: [B]``).
+    Loss inputs ride along as float arrays aligned with completion tokens (``[B, T]``, T the
+    longest completion, zero-padded) or per row (``advantages: [B]``). Anything array-like is taken
+    and kept as a numpy array: a float array or CPU tensor with its dtype, a list as float32.
     """
 
     prompts: list[list[int]]
     completions: list[list[int]]
-    advantages: torch.Tensor | None = None
-    old_logprobs: torch.Tensor | None = None
-    ref_logprobs: torch.Tensor | None = None
+    advantages: np.ndarray | None = None
+    old_logprobs: np.ndarray | None = None
+    ref_logprobs: np.ndarray | None = None
 
     def __post_init__(self):
         if len(self.prompts) != len(self.completions) or not self.prompts:
             raise ValueError("a batch needs as many prompts as completions, and at least one")
+        for name, dims in (("advantages", 1), ("old_logprobs", 2), ("ref_logprobs", 2)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            array = np.asarray(value)
+            if not hasattr(value, "dtype") or not np.issubdtype(array.dtype, np.floating):
+                array = array.astype(np.float32)  # a list, or integers: float32, as the API's own arrays
+            if array.ndim != dims or array.shape[0] != len(self.prompts):
+                raise ValueError(f"{name} must have shape {'[B]' if dims == 1 else '[B, T]'} with B = "
+                                 f"{len(self.prompts)} rows, got {list(array.shape)}")
+            object.__setattr__(self, name, array)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -82,14 +95,11 @@ class Batch:
     def select(self, rows: list[int]) -> Batch:
         """The sub-batch of ``rows`` (loss tensors trimmed to its own longest completion)."""
         t = max(len(self.completions[i]) for i in rows) if rows else 0
-        import torch
 
-        index = torch.as_tensor(rows, dtype=torch.long)
-
-        def take(x: torch.Tensor | None, per_token: bool) -> torch.Tensor | None:
+        def take(x: np.ndarray | None, per_token: bool) -> np.ndarray | None:
             if x is None:
                 return None
-            x = x.index_select(0, index)
+            x = x[np.asarray(rows, dtype=np.int64)]
             return x[:, :t] if per_token else x
 
         return Batch(
@@ -103,8 +113,19 @@ class Batch:
 
 @dataclass(frozen=True)
 class ForwardResult:
-    logprobs: torch.Tensor  # [B, T] per completion token, zero past each completion's end
-    mask: torch.Tensor  # [B, T] bool
+    logprobs: np.ndarray  # [B, T] float32 per completion token, zero past each completion's end
+    mask: np.ndarray  # [B, T] bool
+
+
+def as_tensor(array: np.ndarray | None, device: Any = None, dtype: Any = None):
+    """An API array as a torch tensor on ``device`` (None stays None); for backends, never for
+    algorithm code."""
+    import torch
+
+    if array is None:
+        return None
+    # a copy: arrays from Ray's object store are read-only, and the loss inputs are small
+    return torch.tensor(np.asarray(array), device=device, dtype=dtype)
 
 
 @dataclass(frozen=True)

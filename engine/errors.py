@@ -19,6 +19,16 @@ class SpecError(EngineError, ValueError):
         return type(self), (self.field, self.message)
 
 
+class StateError(Exception):
+    """Base of the StateManager store's errors; every one leaves the store as it was before the call.
+    Here, not in ``engine.state.store``, so a worker group's handle catches them without torch."""
+
+
+class UnknownKey(StateError, KeyError):
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
 class CliError(EngineError):
     """Bad command-line input; reported as one line with exit status 2."""
 

@@ -21,7 +21,6 @@ from dataclasses import asdict
 from typing import Any
 
 import numpy as np
-import torch
 
 from engine.client import Batch, Client, OptimizerConfig, SamplingParams, SpecError
 from engine.spec import GRPOConfig
@@ -37,13 +36,13 @@ def group_advantages(rewards: np.ndarray, group_size: int) -> np.ndarray:
     return adv.reshape(-1)
 
 
-def rollout_logprobs(completions) -> torch.Tensor:
+def rollout_logprobs(completions) -> np.ndarray:
     """The completions' (or turns') sampled-token log-probs, laid out as ``forward`` returns
-    log-probs: ``[B, T]`` with T the longest completion, right-padded with zeros."""
+    log-probs: ``[B, T]`` float32 with T the longest completion, right-padded with zeros."""
     width = max(len(c.logprobs) for c in completions)
-    out = torch.zeros((len(completions), width), dtype=torch.float32)
+    out = np.zeros((len(completions), width), dtype=np.float32)
     for i, c in enumerate(completions):
-        out[i, : len(c.logprobs)] = torch.as_tensor(c.logprobs, dtype=torch.float32)
+        out[i, : len(c.logprobs)] = np.asarray(c.logprobs, dtype=np.float32)
     return out
 
 
@@ -203,7 +202,7 @@ class GRPORun:
             batch = Batch(
                 prompts=[t.context for t in turns],
                 completions=[t.tokens for t in turns],
-                advantages=torch.as_tensor(adv[owners], dtype=torch.float32),
+                advantages=np.asarray(adv[owners], dtype=np.float32),
             )
             old_f = self.policy.forward(batch) if config.recompute_logprobs else None
             ref_f = self.reference.forward(batch) if self.reference is not None else None

@@ -262,7 +262,7 @@ class EngineService:
         # beside this service (a worker node's loss leaves it running) and the scheduler (whose
         # node-local socket its router then uses)
         driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2, scheduling_strategy=here()).remote(
-            job_id, spec, groups, str(events_path(self.data_dir, job_id)), self.config.threads, tenant, resume)
+            job_id, spec, groups, str(events_path(self.data_dir, job_id)), tenant, resume)
         self.drivers[job_id] = driver
         self.runs[job_id] = driver.run.remote()
 
@@ -412,7 +412,7 @@ class EngineService:
             try:
                 out.append({"job": job, **ray.get(ref, timeout=0)})
             except Exception:  # busy past the wait, or gone: the snapshot does not wait on it
-                out.append({"job": job, "node": None, "rss_mb": None})
+                out.append({"job": job, "node": None, "rss_mb": None, "torch": None})
         return out
 
     def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,8 @@
 """A job's driver: the algorithm loop, run inside the engine as a Ray actor (never in a web or
-Celery process), talking to workers only through the function API."""
+Celery process), talking to workers only through the function API.
+
+It orchestrates and computes nothing heavy: arrays cross the API as numpy, so its process never
+imports torch (``memory()`` says so, with its resident memory); many drivers fit beside the groups."""
 
 from __future__ import annotations
 
@@ -42,10 +45,7 @@ class JobDriver:
     """``resume``: this driver replaces one that died; it goes on from the job's last checkpoint."""
 
     def __init__(self, job_id: str, spec: JobSpec, groups: list[WorkerGroup], events_path: str,
-                 threads: int = 1, tenant: str = "", resume: bool = False):
-        import torch
-
-        torch.set_num_threads(threads)
+                 tenant: str = "", resume: bool = False):
         self.job_id, self.spec = job_id, spec
         self.events = EventLog(Path(events_path))
         self.resume, logged = resume_point(read_events(self.events.path)) if resume else (None, {})
@@ -60,10 +60,13 @@ class JobDriver:
         return self.events.append(kind, data, durable=True)
 
     def memory(self) -> dict[str, Any]:
-        """Where this driver runs and its resident memory (MB)."""
+        """Where this driver runs, its resident memory (MB), and whether torch is loaded in it."""
+        import sys
+
         import psutil
 
-        return {"node": ray.get_runtime_context().get_node_id(), "rss_mb": psutil.Process().memory_info().rss / 2**20}
+        return {"node": ray.get_runtime_context().get_node_id(), "rss_mb": psutil.Process().memory_info().rss / 2**20,
+                "torch": "torch" in sys.modules}
 
     def _export(self, summary: dict[str, Any]) -> None:
         """The final weights as a Hugging Face folder beside the event log (``final/``)."""

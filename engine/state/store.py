@@ -49,6 +49,7 @@ from urllib.parse import quote
 
 import torch
 
+from engine.errors import StateError, UnknownKey
 from engine.state.layout import WHOLE, ShardSpec
 
 TRANSITIONS = ("disk->host", "host->device", "device->host", "host->disk")
@@ -98,15 +99,6 @@ def _torch_dtype(name: str) -> torch.dtype:
             raise Mismatch(f"{name!r} is not a torch dtype")
         _DTYPES[name] = dtype
     return dtype
-
-
-class StateError(Exception):
-    """Base of the store's errors; every one leaves the store as it was before the call."""
-
-
-class UnknownKey(StateError, KeyError):
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0])
 
 
 class Mismatch(StateError, ValueError):

@@ -10,10 +10,12 @@ import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from engine.api import OptimizerConfig
-from engine.state.layout import WeightShard
+
+if TYPE_CHECKING:  # torch: for backends, not for the group handles a job's driver holds
+    from engine.state.layout import WeightShard
 
 Deployment = tuple[str, str]  # (job, role)
 

@@ -23,11 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 
 from engine.api import OptimizerConfig, Request
-from engine.errors import EngineFault, fault_reason
-from engine.state.store import UnknownKey
+from engine.errors import EngineFault, UnknownKey, fault_reason
 from engine.workers import faults
 from engine.workers.backend import Backend, BackendKind
 
@@ -96,6 +94,7 @@ class WorkerRank:
         self, kind: str, rank: int, world_size: int, threads: int, data_dir: str, dist_url: str | None = None,
         wpg: str = "", swapping: Swapping | None = None,
     ):
+        import torch  # a rank's, never its handle's: a job's driver holds handles without torch
 
         # Pinned so results do not depend on where (or beside what) the actor runs.
         torch.set_num_threads(threads)
@@ -246,6 +245,7 @@ class WorkerRank:
         return self.backend.stats()
 
     def info(self) -> dict[str, Any]:
+        import torch
 
         return {"pid": os.getpid(), "threads": torch.get_num_threads(), "rank": self.rank,
                 "node": ray.get_runtime_context().get_node_id()}

@@ -4,7 +4,8 @@ Algorithm code picks a loss by name and passes a config; no algorithm-defined co
 worker. Every loss takes per-token log-probs ``logp [B, T]`` with ``mask [B, T]`` and the batch's
 loss inputs, and returns ``(loss, metrics)``; the loss is a token sum divided by
 ``token_normalizer`` (default: this batch's token count) so that gradients accumulated over several
-``forward_backward`` calls add up to one mean over the optimizer step's tokens.
+``forward_backward`` calls add up to one mean over the optimizer step's tokens. The batch's arrays
+(numpy, as they cross the API) become float32 tensors on ``logp``'s device here.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine.api import Batch
+from engine.api import Batch, as_tensor
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, Batch, dict[str, Any]], tuple[torch.Tensor, dict[str, float]]]
 
@@ -47,8 +48,8 @@ def grpo_loss(logp, mask, batch: Batch, config):
     if dual and dual <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (or 0 for off), got {dual}")
     maskf = mask.to(logp.dtype)
-    old = batch.old_logprobs if batch.old_logprobs is not None else logp.detach()
-    adv = batch.advantages.to(logp.dtype)[:, None]
+    old = as_tensor(batch.old_logprobs, logp.device) if batch.old_logprobs is not None else logp.detach()
+    adv = as_tensor(batch.advantages, logp.device).to(logp.dtype)[:, None]
     ratio = torch.exp(logp - old)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
@@ -61,7 +62,7 @@ def grpo_loss(logp, mask, batch: Batch, config):
         "kl_old": float((k3_kl(logp.detach(), old) * maskf).sum() / n),
     }
     if batch.ref_logprobs is not None:
-        kl = k3_kl(logp, batch.ref_logprobs)
+        kl = k3_kl(logp, as_tensor(batch.ref_logprobs, logp.device))
         metrics["kl_ref"] = float((kl.detach() * maskf).sum() / n)
         if kl_coef:
             per_token = per_token + kl_coef * kl

@@ -267,7 +267,7 @@ class TrainingBackend(Backend):
     def _forward(self, deployment, state, *, batch: Batch):
         with torch.no_grad():
             logp, mask = self._logprobs(state, batch)
-        return ForwardResult(logprobs=logp, mask=mask)
+        return ForwardResult(logprobs=logp.float().cpu().numpy(), mask=mask.cpu().numpy())
 
     def _require_trainable(self, deployment, state) -> torch.optim.Optimizer:
         if state.optimizer is None:

@@ -6,6 +6,7 @@ tokenizer, which is all these plumbing tests need.
 
 import os
 
+import numpy as np
 import pytest
 import ray
 import torch
@@ -51,7 +52,7 @@ def _sft_batch(client, handle) -> Batch:
 
 
 def _logprobs(handle, batch: Batch) -> torch.Tensor:
-    return handle.forward(batch).result().logprobs
+    return torch.as_tensor(handle.forward(batch).result().logprobs)
 
 
 def _train_step(handle, batch: Batch) -> dict:
@@ -147,8 +148,11 @@ def test_forward_matches_generate(client, job):
     assert isinstance(result, ForwardResult)
     lengths = [len(c.token_ids) for c in out]
     assert result.logprobs.shape == result.mask.shape == (len(out), max(lengths))
-    assert result.mask.sum(dim=1).tolist() == lengths
-    torch.testing.assert_close(result.logprobs, _padded([c.logprobs for c in out]), atol=1e-4, rtol=0)
+    # plain arrays cross the API (a job's driver needs no torch)
+    assert result.logprobs.dtype == np.float32
+    assert result.mask.dtype == np.bool_
+    assert result.mask.sum(axis=1).tolist() == lengths
+    torch.testing.assert_close(torch.as_tensor(result.logprobs), _padded([c.logprobs for c in out]), atol=1e-4, rtol=0)
 
 
 # --- forward_backward and optim_step ------------------------------------------------------------
@@ -212,7 +216,7 @@ def test_optim_step_changes_the_weights(client, job):
     fb = policy.forward_backward(batch, "cross_entropy")
     step = policy.optim_step()
     after = policy.forward(batch)
-    before, after = before.result().logprobs, after.result().logprobs
+    before, after = torch.as_tensor(before.result().logprobs), torch.as_tensor(after.result().logprobs)
     assert fb.result().loss > 0
     assert step.result()["grad_norm"] > 0
     assert (after - before).abs().max() > 1e-3

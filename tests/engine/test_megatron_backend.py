@@ -132,8 +132,8 @@ def test_forward_logprobs_match_transformers(groups, batch, model_dir, untied_di
             assert facts["tensor_parallel"] == tp
             results = call_all(group, deployment, "forward", batch=batch)
             for result in results:  # every rank computes the full result
-                assert torch.equal(result.mask, mask)
-                assert (result.logprobs - expected).abs().max() <= 1e-4
+                assert torch.equal(torch.as_tensor(result.mask), mask)
+                assert (torch.as_tensor(result.logprobs) - expected).abs().max() <= 1e-4
             with pytest.raises(ValueError, match="trainable=False"):
                 call_all(group, deployment, "forward_backward", batch=batch, **GRPO)
             drop(group, deployment)
@@ -152,8 +152,8 @@ def test_rows_sharing_prompts_give_transformers_logprobs(groups, model_dir):
         deployment = (f"shared-tp{tp}", "reference")
         create(group, deployment, model_dir, trainable=False)
         for result in call_all(group, deployment, "forward", batch=shared):
-            assert torch.equal(result.mask, mask)
-            assert (result.logprobs - expected).abs().max() <= 1e-4
+            assert torch.equal(torch.as_tensor(result.mask), mask)
+            assert (torch.as_tensor(result.logprobs) - expected).abs().max() <= 1e-4
         drop(group, deployment)
 
 

@@ -181,6 +181,7 @@ def test_cluster_snapshot_lists_the_node_the_wpgs_run_on_and_the_jobs_on_them(en
     assert driver["job"] == "svc-snap"
     assert driver["node"] == node["id"]
     assert driver["rss_mb"] > 10
+    assert driver["torch"] is False  # it orchestrates: arrays cross the API, torch stays in the workers
     wpgs = {(w["side"], w["backend"]): w for w in snap["wpgs"]}
     assert set(wpgs) >= {("train", "torch"), ("rollout", "torch")}
     for w in wpgs.values():

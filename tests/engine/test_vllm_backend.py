@@ -212,10 +212,10 @@ def test_sync_weights_from_a_torch_trainer(vllm_group, worker_group, tok, tiny_m
                     sampling=SamplingParams(n=2, temperature=1.0, max_tokens=MAX_TOKENS, seed=1))
     fwd = _call(trainer, job, "forward", batch=Batch(prompts=[prompts[c.prompt_index] for c in sampled],
                                                      completions=[c.token_ids for c in sampled]))
-    got = torch.zeros_like(fwd.logprobs)
+    got = torch.zeros(fwd.logprobs.shape)
     for i, c in enumerate(sampled):
         got[i, : len(c.logprobs)] = torch.tensor(c.logprobs)
-    assert float(((got - fwd.logprobs) * fwd.mask).abs().max()) < 1e-3
+    assert float(((got - torch.as_tensor(fwd.logprobs)) * torch.as_tensor(fwd.mask)).abs().max()) < 1e-3
     # job A, swapped back in, still has its own weights
     assert [c.token_ids for c in _call(vllm_group, JOB_A, "generate", prompts=prompts, sampling=GREEDY)] == [
         c.token_ids for c in before
