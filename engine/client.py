@@ -30,7 +30,7 @@ from engine.api import (
 from engine.errors import SpecError
 from engine.models import resolve_model
 from engine.scheduler.router import Future, Router, UsageSink
-from engine.workers.tokenizer import load_tokenizer
+from engine.workers.tokenizer import load_plain_tokenizer
 
 __all__ = [
     "Batch",
@@ -55,7 +55,7 @@ class EventSink(Protocol):
 
 @lru_cache(maxsize=16)
 def _load_tokenizer(model_dir: str):
-    return load_tokenizer(model_dir)
+    return load_plain_tokenizer(model_dir)
 
 
 class ModelHandle:
@@ -133,7 +133,8 @@ class Client:
         return ModelHandle(self._router, job, role, model_dir, self._on_usage)
 
     def tokenizer(self, handle_or_base: ModelHandle | str):
-        """The model's tokenizer, loaded locally from its preset or folder."""
+        """The model's tokenizer, loaded locally from its preset or folder (``PlainTokenizer`` where it
+        has a ``tokenizer.json``: encoding then loads no torch into the caller)."""
         if isinstance(handle_or_base, ModelHandle):
             return _load_tokenizer(str(handle_or_base.model_dir))
         return _load_tokenizer(str(resolve_model(handle_or_base)))

@@ -73,7 +73,7 @@ def _engine_rss_mb() -> float:
 def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
     """Submit every job at once to a new engine service with ``config``; follow them to their end,
     sampling the cluster every ``POLL_S``. The jobs' events, the service's held device-seconds,
-    the makespan, every WPG seen (name -> node), peak drivers and engine memory."""
+    the makespan, every WPG seen (name -> node), peak drivers, engine memory and one driver's memory."""
     from engine.control import SERVICE_NAME, EngineClient
     from engine.service.eventlog import TERMINAL_STATES
 
@@ -85,12 +85,13 @@ def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
         events: dict[str, list[dict]] = {name: [] for name, _ in shapes}
         wpgs: dict[str, str] = {}
         start_s: dict[str, float] = {}  # group name -> seconds it took to start
-        peak_drivers, peak_rss, ended = 0, 0.0, set()
+        peak_drivers, peak_rss, peak_driver_rss, ended = 0, 0.0, 0.0, set()
         while len(ended) < len(shapes):
             snap = client.cluster_snapshot()
             wpgs.update({w["name"]: w["node"] for w in snap["wpgs"]})
             start_s.update({w["name"]: w["start_s"] for w in snap["wpgs"] if w.get("start_s") is not None})
             peak_drivers = max(peak_drivers, len(snap["drivers"]))
+            peak_driver_rss = max([peak_driver_rss, *(d["rss_mb"] or 0.0 for d in snap["drivers"])])
             peak_rss = max(peak_rss, _engine_rss_mb())
             for name in events:
                 batch = client.events(name, events[name][-1]["seq"] if events[name] else 0)
@@ -104,7 +105,7 @@ def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
         held = client.cluster_snapshot()["held_device_seconds"]
         return {"events": events, "held_device_seconds": held, "makespan_s": last - started, "wpgs": wpgs,
                 "group_start_s": start_s,
-                "peak_drivers": peak_drivers, "peak_engine_rss_mb": peak_rss}
+                "peak_drivers": peak_drivers, "peak_engine_rss_mb": peak_rss, "peak_driver_rss_mb": peak_driver_rss}
     finally:
         client.shutdown()
         _wait_gone(SERVICE_NAME)  # the next run starts a service of its own under that name
@@ -127,6 +128,11 @@ def _per_job(name: str, spec: JobSpec, dedicated: dict[str, Any], shared: dict[s
     def states(events: list[dict]) -> dict[str, float]:
         return {e["data"]["state"]: e["ts"] for e in events if e["kind"] == "state"}
 
+    def driver_start(events: list[dict], at: dict[str, float]) -> float | None:
+        """From the job's admission (its groups formed: ``placed``) to its driver's first event."""
+        placed = next((e["ts"] for e in events if e["kind"] == "placed"), None)
+        return at["running"] - placed if placed is not None and "running" in at else None
+
     def metrics(events: list[dict]) -> list[dict]:
         return [e["data"] for e in events if e["kind"] == "metrics"]
 
@@ -140,6 +146,7 @@ def _per_job(name: str, spec: JobSpec, dedicated: dict[str, Any], shared: dict[s
             "node_group": sorted({node_group.get(shared["wpgs"].get(w, ""), "?") for w in used}),
             "queued_s": ss.get("running", 0.0) - ss.get("queued", 0.0),
             "dedicated_queued_s": ds.get("running", 0.0) - ds.get("queued", 0.0),
+            "driver_start_s": driver_start(s, ss), "dedicated_driver_start_s": driver_start(d, ds),
             "dedicated_wall_s": wall["d"], "shared_wall_s": wall["s"],
             "slowdown": wall["s"] / wall["d"] if wall["d"] > 0 else None,
             "identical_metrics": bool(metrics(d)) and metrics(d) == metrics(s),
@@ -181,12 +188,15 @@ def bench_cluster(*, nodes: int, devices_per_node: int, jobs: int, steps: int, s
         cluster.shutdown()
     per_job = [_per_job(name, spec, dedicated, shared, node_group) for name, spec in shapes]
     started = list(dedicated["group_start_s"].values())
+    drivers = [p["dedicated_driver_start_s"] for p in per_job if p["dedicated_driver_start_s"] is not None]
     return {
         "bench": "cluster",
         "config": dataclasses.asdict(base),
         "nodes": [{"id": n.id, "node_group": n.node_group, "devices": n.devices} for n in listed],
         # seconds a worker group took to start, median over the dedicated run's (all new)
         "group_start_s": statistics.median(started) if started else None,
+        # seconds from a job's admission to its driver's first event, median over the dedicated run's
+        "driver_start_s": statistics.median(drivers) if drivers else None,
         "wpgs": [{"name": w, "node": node, "node_group": node_group.get(node)}
                  for w, node in sorted(shared["wpgs"].items())],
         "dedicated_wpgs": len(dedicated["wpgs"]),
@@ -201,6 +211,7 @@ def bench_cluster(*, nodes: int, devices_per_node: int, jobs: int, steps: int, s
         "cross_node_bytes": None,  # not measured: no move, and syncs go through Ray's object store
         "peak_engine_rss_mb": max(dedicated["peak_engine_rss_mb"], shared["peak_engine_rss_mb"]),
         "peak_driver_processes": {"dedicated": dedicated["peak_drivers"], "shared": shared["peak_drivers"]},
+        "peak_driver_rss_mb": max(dedicated["peak_driver_rss_mb"], shared["peak_driver_rss_mb"]),
         "out": str(root),
     }
 
@@ -245,5 +256,6 @@ def cmd_bench_cluster(args: argparse.Namespace) -> int:
           f"{r['shared_makespan_s']:.0f} s (ratio {r['makespan_ratio']:.2f})")
     print(f"shared WPGs on {len({w['node'] for w in r['wpgs']})} node(s): "
           + ", ".join(f"{w['name']}@{(w['node'] or '-')[:12]}" for w in r["wpgs"]))
-    print(f"peak engine memory {r['peak_engine_rss_mb']:.0f} MB; peak drivers {r['peak_driver_processes']}")
+    print(f"peak engine memory {r['peak_engine_rss_mb']:.0f} MB; peak drivers {r['peak_driver_processes']}, "
+          f"the largest {r['peak_driver_rss_mb']:.0f} MB")
     return 0

@@ -10,8 +10,9 @@ runs the algorithm loop as a Ray actor of its own, never inside the caller's pro
 redelivery or a worker restart neither re-runs nor kills training.
 
 Job state lives in the job's event log (``state`` events: queued, running, paused, succeeded,
-failed, cancelled). One writer at a time: the service writes ``queued`` before the driver exists and
-``cancelled`` / ``failed`` after it is gone; while the driver runs, it writes everything, including
+failed, cancelled). One writer at a time: the service writes ``queued`` before the driver exists,
+``placed`` (the job's groups and their nodes) when it admits the job, and ``cancelled`` / ``failed``
+after the driver is gone; while the driver runs, it writes everything, including
 the pause and resume the service asks it to record.
 
 It also starts the scheduler (``engine.scheduler.live``), first and after one died, with the
@@ -229,6 +230,12 @@ class EngineService:
                 _log.warning("engine: groups for %s: %s", admitted.job, fault_reason(exc))
                 return
             self.waiting.remove(admitted.job)
+            log = EventLog(events_path(self.data_dir, admitted.job))  # the driver, the next writer, is not started yet
+            try:
+                log.append("placed", {"groups": names, "nodes": [self.groups[n].nodes[0] if self.groups[n].nodes
+                                                                 else None for n in names]}, durable=True)
+            finally:
+                log.close()
             self._start_driver(admitted.job)
 
     # -- the scheduler ------------------------------------------------------------------------------

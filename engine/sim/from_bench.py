@@ -18,8 +18,11 @@ in calls, spread evenly.
 A ``bench cluster`` output is replayed through the live engine's own placement: the placer with
 the policy and declared demand the engine service runs (``engine.service.placing``), on the
 bench's nodes and service config, in the cluster simulator (``ClusterSimulation``): every job
-arrives at once, groups are formed as the placer lays them, each taking the measured median
-start-up time of a group, and released when empty; device-seconds are what the groups held.
+arrives at once, groups are formed as the placer lays them, one at a time as the service forms
+them, each taking the measured median start-up time of a group (``group_start_s``); a job's
+driver starts once its groups are up, taking the measured median from admission to the driver's
+first event (``driver_start_s``); groups are released when empty; device-seconds are what the
+groups held.
 """
 
 from __future__ import annotations
@@ -131,7 +134,7 @@ def predict_cluster(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[st
     from engine.sim.simulate import ClassCosts, ClusterSimulation
     from engine.spec import JobSpec, ServiceConfig
 
-    missing = [k for k in ("config", "nodes", "per_job", "group_start_s") if k not in bench]
+    missing = [k for k in ("config", "nodes", "per_job", "group_start_s", "driver_start_s") if k not in bench]
     if missing or any("calls" not in e for e in bench.get("per_job", ())):
         raise ValueError("not a `plexrl bench cluster --json` output of this plexrl: missing "
                          + ", ".join(missing or ["per-job calls"]))
@@ -145,7 +148,8 @@ def predict_cluster(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[st
                                         config.max_resident) for e in entries},
                        dict.fromkeys((e["job"] for e in entries), declared(config)),
                        dict.fromkeys((e["job"] for e in entries), 0.0), Policy())
-    sim = ClusterSimulation("plexrl", costs, placer, form_s=bench["group_start_s"] or 0.0)
+    sim = ClusterSimulation("plexrl", costs, placer, form_s=bench["group_start_s"] or 0.0,
+                            driver_s=bench["driver_start_s"] or 0.0)
     result = sim.run([bench_job(e, switch_s, cls=e["job"]) for e in entries])
     predicted = {
         "shared_device_seconds": sim.held_device_s() / SLOT_UNITS,
@@ -163,6 +167,7 @@ def predict_cluster(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[st
         "error": {k: predicted[k] / measured[k] - 1 for k in ("shared_device_seconds", "makespan_s")},
         "switch_s": switch_s,
         "group_start_s": bench["group_start_s"],
+        "driver_start_s": bench["driver_start_s"],
         "jobs": len(entries),
     }
 

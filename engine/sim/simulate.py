@@ -575,13 +575,18 @@ class ClusterSimulation(PoolSimulation):
     where and when each job runs and forms and releases WPGs on the domains' devices; one scheduler
     core per domain decides its WPGs' calls. Each finished step is reported to the placer (its
     pace, its profile, a micro-shift). Prefetch hints overlap a swap with the WPG's running call;
-    a train state's write-back overlaps what follows (write-behind), so a switch costs its read."""
+    a train state's write-back overlaps what follows (write-behind), so a switch costs its read.
+
+    As the live service (``plexrl sim --from-bench``): ``form_s`` is a new WPG's start-up, WPGs
+    are formed one at a time, and ``driver_s`` passes from a job's admission (its WPGs up) to its
+    driver's first call."""
 
     def __init__(self, mode: str, costs: ClassCosts, placer: Placer, *, sync: str = "gang",
-                 on_done: Callable[[], None] | None = None, form_s: float = 0.0):
+                 on_done: Callable[[], None] | None = None, form_s: float = 0.0, driver_s: float = 0.0):
         if sync not in SYNCS:
             raise ValueError(f"sync must be one of {', '.join(SYNCS)}, got {sync!r}")
-        self.placer, self.sync, self.form_s = placer, sync, form_s
+        self.placer, self.sync, self.form_s, self.driver_s = placer, sync, form_s, driver_s
+        self._forming_until = 0.0  # the live service forms WPGs one at a time: when its last one is up
         domains = [Pool(d, "*", Scheduler(costs.policy), [], []) for d in placer.domains]
         super().__init__(mode, domains, admit_load=placer.policy.limit, spread=True, on_done=on_done)
         self.domain = {p.name: p for p in domains}
@@ -631,8 +636,13 @@ class ClusterSimulation(PoolSimulation):
             self.running[job.id] = r
             self.start[job.id] = now
             self._costs(r)
-            if self.form_s and placement.formed:  # its new WPGs start first, one after another
-                self.push(now + self.form_s * len(placement.formed), "resume", r)
+            ready = now
+            if self.form_s and placement.formed:  # its new WPGs start first, after those formed before
+                self._forming_until = max(now, self._forming_until) + self.form_s * len(placement.formed)
+                ready = self._forming_until
+            ready += self.driver_s  # then its driver starts
+            if ready > now:
+                self.push(ready, "resume", r)
             else:
                 self.begin_step(r, now)
             touched.append(pool)

@@ -42,6 +42,13 @@ def test_a_submitted_job_runs_to_success_and_its_events_read_by_cursor(plain_run
     assert [e["seq"] for e in plain_run] == list(range(1, len(plain_run) + 1))  # each once, in order
     assert [m["step"] for m in metrics(plain_run)] == [1, 2, 3]
     assert any(e["kind"] == "usage" for e in plain_run)
+    # the service logged where it placed the job, before its driver's first event
+    kinds = [e["kind"] for e in plain_run]
+    placed = plain_run[kinds.index("placed")]
+    assert kinds.index("placed") < kinds.index("state", kinds.index("spec"))
+    assert {u["data"]["wpg"] for u in plain_run if u["kind"] == "usage"} == set(placed["data"]["groups"])
+    assert len(placed["data"]["nodes"]) == len(placed["data"]["groups"])
+    assert all(placed["data"]["nodes"])
 
 
 def test_the_final_weights_are_a_hugging_face_folder(plain_run, plexrl_home):

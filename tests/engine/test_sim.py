@@ -357,7 +357,7 @@ def cluster_bench(job_demand: float, jobs: int = 8) -> dict:
              "policy/sync_weights": {"count": 2, "held_s": 0.4}}
     config = dataclasses.asdict(ServiceConfig(devices_per_group=1.0, threads=1, idle_release_s=0.0,
                                               job_demand=job_demand))
-    return {"bench": "cluster", "config": config, "group_start_s": 2.0,
+    return {"bench": "cluster", "config": config, "group_start_s": 2.0, "driver_start_s": 1.0,
             "nodes": [{"id": f"n{i}", "node_group": f"n{i}", "devices": 2} for i in range(3)],
             "per_job": [{"job": f"job-{i}", "spec": spec, "calls": calls, "dedicated_wall_s": 5.0}
                         for i in range(jobs)],
@@ -377,9 +377,14 @@ def test_from_bench_replays_a_cluster_bench_through_the_live_placement():
     assert [queued[f"job-{i}"] for i in range(6)] == [0.0] * 6
     assert min(queued["job-6"], queued["job-7"]) > 5.0  # until a job of the first pairs ended
     alone = predict_any(cluster_bench(0.3, jobs=1))["predicted"]
-    # one job: its two groups start one after the other, then its steps run as measured alone
-    assert alone["makespan_s"] == pytest.approx(2 * 2.0 + 5.0 - 0.2 / 2, rel=0.05)
+    # one job: its two groups start one after the other, then its driver, then its steps run as
+    # measured alone
+    assert alone["makespan_s"] == pytest.approx(2 * 2.0 + 1.0 + 5.0 - 0.2 / 2, rel=0.05)
     assert alone["shared_device_seconds"] == pytest.approx(2 * alone["makespan_s"], rel=1e-6)
+    # the fifth job's pair is formed once the first pair is up (the service forms one group at a
+    # time), so it starts after four group start-ups; alone on its pair, it then runs as alone
+    fifth = predict_any(cluster_bench(0.3, jobs=5))["predicted"]
+    assert fifth["per_job_wall_s"]["job-4"] == pytest.approx(4 * 2.0 + 1.0 + 5.0 - 0.2 / 2, rel=0.05)
 
 
 def test_from_bench_refuses_a_cluster_bench_without_its_measurements(tmp_path, run_plexrl):
