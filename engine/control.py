@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,9 @@ SERVICE_NAME = "plexrl-engine"
 PROFILE_STEPS = Policy().profile_steps  # steps a new job runs before the scheduler places it
 
 
+RESTART_WAIT_S = 60.0  # the most a client waits for a dead service's successor to answer
+
+
 class EngineClient:
     """The platform's handle on the engine; every method is one short remote call."""
 
@@ -68,9 +72,7 @@ class EngineClient:
         service raises ``UnknownService``."""
         import ray
 
-        from engine.service.controller import EngineService
         from engine.service.runtime import EngineConfig, start_ray
-        from engine.support.local_node import here
 
         address = address or os.environ.get("RAY_ADDRESS") or None
         if not ray.is_initialized():
@@ -80,25 +82,51 @@ class EngineClient:
                 start_ray(EngineConfig())
         self.data_dir = Path(data_dir) if data_dir else plexrl_home()
         self.timeout_s = timeout_s
+        self.config = config or ServiceConfig()
+        self.create = create
         if not create:
             try:
                 self.actor = ray.get_actor(SERVICE_NAME, namespace="plexrl")
             except ValueError:
                 raise UnknownService(f"no engine service runs on the cluster at {address}") from None
             return
-        # on this process's node (the platform's, e.g. a Ray cluster's head): never on a worker
-        # node whose loss would take the controller, the scheduler and the drivers with it
-        self.actor = EngineService.options(name=SERVICE_NAME, lifetime="detached", get_if_exists=True,
-                                           scheduling_strategy=here()).remote(
-            str(self.data_dir), asdict(config or ServiceConfig()))
+        self.actor = self._service()
+
+    def _service(self) -> Any:
+        """The engine service, started if none runs: on this process's node (the platform's, e.g.
+        a Ray cluster's head), never on a worker node whose loss would take the controller, the
+        scheduler and the drivers with it. A service started after one died rebuilds its jobs from
+        their event logs (``EngineService``)."""
+        from engine.service.controller import EngineService
+        from engine.support.local_node import here
+
+        return EngineService.options(name=SERVICE_NAME, lifetime="detached", get_if_exists=True,
+                                     scheduling_strategy=here()).remote(str(self.data_dir), asdict(self.config))
 
     def _call(self, method: str, *args: Any) -> Any:
+        """One remote call. Where the service died (killed, out of memory, its node lost), a client
+        that may start it (``create``) starts another and asks that once more: every method is
+        safe to repeat (a job is submitted once by id)."""
         import ray
 
         try:
             return ray.get(getattr(self.actor, method).remote(*args), timeout=self.timeout_s)
         except ray.exceptions.RayTaskError as exc:
             raise exc.as_instanceof_cause() from None
+        except ray.exceptions.RayActorError:
+            if not self.create:
+                raise
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while True:  # the dead service's name is released once Ray has seen it die
+            self.actor = self._service()
+            try:
+                return ray.get(getattr(self.actor, method).remote(*args), timeout=self.timeout_s)
+            except ray.exceptions.RayTaskError as exc:
+                raise exc.as_instanceof_cause() from None
+            except ray.exceptions.RayActorError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def submit_job(self, job_id: str, spec: JobSpec | dict[str, Any], *, tenant: str = "",
                    priority: str = "normal") -> dict[str, Any]:

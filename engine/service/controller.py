@@ -32,7 +32,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from engine.errors import UnknownJob, fault_reason, is_engine_fault
+from engine.errors import EngineError, UnknownJob, fault_reason, is_engine_fault
 from engine.paths import events_path
 from engine.service.cluster import (
     architecture,
@@ -92,6 +92,8 @@ class EngineService:
         self.start_s: dict[str, float] = {}  # group name -> seconds it took to start, while it runs
         self.idle_since: dict[str, float] = {}  # group name -> since when no running job uses it
         self.held_device_s = 0.0  # device-seconds of the groups released so far, idle time included
+        self.resuming: set[str] = set()  # waiting jobs whose driver resumes from their log (a service restart)
+        self._adopt_unfinished()
         threading.Thread(target=self._watch, daemon=True).start()
 
     # -- worker groups ----------------------------------------------------------------------------
@@ -230,13 +232,14 @@ class EngineService:
                 _log.warning("engine: groups for %s: %s", admitted.job, fault_reason(exc))
                 return
             self.waiting.remove(admitted.job)
-            log = EventLog(events_path(self.data_dir, admitted.job))  # the driver, the next writer, is not started yet
-            try:
-                log.append("placed", {"groups": names, "nodes": [self.groups[n].nodes[0] if self.groups[n].nodes
-                                                                 else None for n in names]}, durable=True)
-            finally:
-                log.close()
-            self._start_driver(admitted.job)
+            resume = admitted.job in self.resuming
+            self.resuming.discard(admitted.job)
+            # written before the driver, the next writer, starts
+            _append(self.data_dir, admitted.job, "placed", {
+                "groups": names, "nodes": [self.groups[n].nodes[0] if self.groups[n].nodes else None for n in names]})
+            if resume and job_state(read_events(events_path(self.data_dir, admitted.job))).get("state") == "paused":
+                ray.get(self._scheduler().pause.remote(admitted.job))  # its calls wait, as before the restart
+            self._start_driver(admitted.job, resume=resume)
 
     # -- the scheduler ------------------------------------------------------------------------------
     def _scheduler(self) -> Any:
@@ -295,7 +298,8 @@ class EngineService:
                 except RayActorError as exc:
                     _log.warning("engine: priority of %s not set yet: %s", job_id, fault_reason(exc))
             log = EventLog(path)
-            log.append("state", {"state": "queued"}, durable=True)
+            # tenant and priority too: a service started after this one died queues the job again
+            log.append("state", {"state": "queued", "tenant": tenant, "priority": priority}, durable=True)
             log.append("spec", parsed.to_dict(), durable=True)
             log.close()
             self.jobs[job_id] = (parsed, tenant)
@@ -516,6 +520,55 @@ class EngineService:
                         self._finish(job, {"state": "failed", "reason": f"driver ended: {type(exc).__name__}"})
 
     # -- recovery -----------------------------------------------------------------------------------
+    def _adopt_unfinished(self) -> None:
+        """Jobs whose logs an earlier service left unfinished (it died, and its drivers and groups,
+        which it owned, with it): each waits again in submission order, with its tenant and
+        priority; one that had run resumes from its last checkpoint once admitted, as after an
+        engine fault (a ``recovery`` event; the same limit, counted in its log), one past the limit
+        fails with the reason. The earlier service's scheduler, if it lives on, orders calls of
+        dead drivers on dead groups: it is stopped, and the next one starts with the tenants' book."""
+        from engine.scheduler.live import SCHEDULER_NAME, stop_scheduler
+        from engine.service.driver import redone_after
+
+        unfinished = []
+        for path in (self.data_dir / "jobs").glob("*/events.jsonl"):
+            events = read_events(path)
+            if events and job_state(events).get("state") not in TERMINAL_STATES:
+                unfinished.append((events[0]["ts"], path.parent.name, events))
+        if not unfinished:
+            return
+        stop_scheduler()
+        _wait_name_free(SCHEDULER_NAME)
+        for _, job_id, events in sorted(unfinished):
+            _wait_name_free(f"driver:{job_id}")  # the dead service's driver, its log's writer, is gone
+            events = read_events(events_path(self.data_dir, job_id))  # with what it wrote last
+            queued = next(e["data"] for e in events if e["kind"] == "state")
+            try:
+                spec = JobSpec.from_dict(next(e["data"] for e in events if e["kind"] == "spec"))
+                keys = group_keys(job_id, spec, dedicated=self.config.dedicated)
+            except (StopIteration, ValueError, EngineError) as exc:
+                _append(self.data_dir, job_id, "state", {"state": "failed", "reason": f"the engine service "
+                                                         f"restarted and cannot resume it: {exc}"})
+                continue
+            ran = any(e["kind"] == "state" and e["data"]["state"] == "running" for e in events)
+            count = sum(e["kind"] == "recovery" for e in events) + 1
+            if ran and count > self.config.max_recoveries:
+                _append(self.data_dir, job_id, "state", {"state": "failed", "reason": f"the engine service restarted; "
+                                                         f"not recovered after {count - 1} restarts"})
+                continue
+            if ran:
+                self.recoveries[job_id] = count
+                self.resuming.add(job_id)
+                _append(self.data_dir, job_id, "recovery", {
+                    "message": f"the engine service restarted; restart {count} of at most {self.config.max_recoveries}",
+                    "attempt": count, "redone_after_seq": redone_after(events)})
+            self.jobs[job_id] = (spec, queued.get("tenant", ""))
+            factor = priority_factor(queued.get("priority", "normal"))
+            if factor != 1.0:
+                self.priorities[job_id] = factor
+            self.job_keys[job_id] = keys
+            self.waiting.append(job_id)
+
     def _recover(self, job_id: str, exc: BaseException) -> None:
         """An engine fault ended the job's driver: replace what died (the scheduler, worker groups
         that lost a rank), then resume every job that ran on it from its last checkpoint."""
@@ -611,15 +664,19 @@ class EngineService:
 
         self._stop_driver(job_id)
         self._drop_calls_and_states(job_id)  # what the dead driver left
-        path = events_path(self.data_dir, job_id)
-        redone = redone_after(read_events(path))
-        log = EventLog(path)
-        try:
-            log.append("recovery", {"message": why, "attempt": self.recoveries[job_id], "redone_after_seq": redone},
-                       durable=True)
-        finally:
-            log.close()
+        redone = redone_after(read_events(events_path(self.data_dir, job_id)))
+        _append(self.data_dir, job_id, "recovery", {"message": why, "attempt": self.recoveries[job_id],
+                                                    "redone_after_seq": redone})
         self._start_driver(job_id, resume=True)
+
+
+def _append(data_dir: Path, job_id: str, kind: str, data: dict[str, Any]) -> None:
+    """Append one durable event to the job's log (the service writes only where no driver does)."""
+    log = EventLog(events_path(data_dir, job_id))
+    try:
+        log.append(kind, data, durable=True)
+    finally:
+        log.close()
 
 
 def _wait_name_free(name: str, timeout: float = 30.0) -> None:

@@ -193,6 +193,36 @@ def test_a_job_whose_driver_keeps_dying_ends_failed_with_its_reason(engine):
     assert len(recoveries(events)) == 2
 
 
+def test_the_engine_service_killed_mid_run_is_started_again_and_its_jobs_resume(engine, plain):
+    """The controller itself dies (its drivers and groups, which it owns, with it). The client's
+    next call starts another service, which rebuilds its jobs from their event logs: each resumes
+    from its last checkpoint, with its tenant, priority and pause, and ends as undisturbed."""
+    engine.submit_job("rec-service-a", SPEC)
+    engine.submit_job("rec-service-b", SPEC, tenant="acme", priority="high")
+    wait_for_step(engine, "rec-service-b", 1)
+    engine.pause("rec-service-b")
+    wait_for_step(engine, "rec-service-a", 2)
+    old = engine.actor
+    ray.kill(old, no_restart=True)
+    assert engine.status("rec-service-a")["job"] == "rec-service-a"  # answered by a new service
+    assert engine.actor != old
+    events = wait_for(engine, "rec-service-a", finished)
+    assert_recovered(events, plain)
+    assert recoveries(events)[0]["message"].startswith("the engine service restarted; restart 1 of at most 2")
+    paused = wait_for(engine, "rec-service-b", lambda events: any(e["kind"] == "placed" for e in events
+                                                                  if e["seq"] > recoveries_seq(events)))
+    assert states(paused)[-1] == "paused"  # still paused, as the tenant left it
+    scheduler = ray.get_actor("plexrl-scheduler")
+    assert ray.get(scheduler.priority.remote("rec-service-b")) == 2.0
+    engine.resume("rec-service-b")
+    assert_recovered(wait_for(engine, "rec-service-b", finished), plain)
+
+
+def recoveries_seq(events: list[dict]) -> float:
+    """The seq of the job's first recovery event (infinity before there is one)."""
+    return next((e["seq"] for e in events if e["kind"] == "recovery"), float("inf"))
+
+
 def test_a_restarted_scheduler_has_the_tenants_weights_budgets_and_priorities_back(engine):
     """The scheduler keeps them in memory: killed, its replacement gets them from the controller
     before its first call, each budget less the usage since it was pushed (from the job's log)."""
