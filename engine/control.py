@@ -181,6 +181,11 @@ class EngineClient:
     def cluster_snapshot(self) -> dict[str, Any]:
         return self._call("cluster_snapshot")
 
+    def drain(self, node: str, *, undo: bool = False) -> dict[str, Any]:
+        """Take ``node`` (an id, or a prefix of one) out of placement, moving its jobs elsewhere
+        (``EngineService.drain``); ``undo``: place groups there again. ValueError: no such node."""
+        return self._call("drain", node, undo)
+
     def estimate(self, spec: JobSpec | dict[str, Any]) -> dict[str, Any]:
         return self._call("estimate", spec.to_dict() if isinstance(spec, JobSpec) else spec)
 

@@ -217,10 +217,15 @@ def add_engine_service(sub: argparse._SubParsersAction) -> None:
     esub = p.add_subparsers(dest="engine_command", required=True, parser_class=type(p))
     for name, help_text in (("start", "start the engine service on the cluster (idempotent) and print its groups"),
                             ("status", "print the running engine service's groups, jobs and scheduler counters"),
-                            ("stop", "stop the engine service: its jobs are cancelled, its groups shut down")):
+                            ("stop", "stop the engine service: its jobs are cancelled, its groups shut down"),
+                            ("drain", "take a node out of placement: its jobs resume on other nodes from their last "
+                                      "checkpoint, its groups are released")):
         c = esub.add_parser(name, help=help_text)
         c.add_argument("--address", default=None,
                        help="the Ray cluster to join (default: $RAY_ADDRESS; start one with `ray start --head`)")
+        if name == "drain":
+            c.add_argument("node", help="the node's id, or a prefix only it has (`plexrl engine status` lists them)")
+            c.add_argument("--undo", action="store_true", help="place worker groups on the node again")
         if name != "stop":
             c.add_argument("--json", action="store_true",
                            help="print the whole snapshot as JSON (nodes, wpgs, jobs, scheduler counters)")
@@ -247,6 +252,14 @@ def cmd_engine_service(args: argparse.Namespace) -> int:
     if args.engine_command == "stop":
         client.shutdown()
         print("engine service stopped")
+    elif args.engine_command == "drain":
+        try:
+            done = client.drain(args.node, undo=args.undo)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        print(json.dumps(done, indent=2) if args.json else
+              f"node {done['node']}: {'draining' if done['draining'] else 'takes worker groups again'}; "
+              f"jobs moved: {', '.join(done['moved']) or 'none'}")
     elif args.json:
         print(json.dumps(client.cluster_snapshot(), indent=2, default=str))
     else:
@@ -261,9 +274,10 @@ def format_snapshot(snap: dict) -> str:
     def short(node_id: str | None) -> str:
         return (node_id or "-")[:12]
 
-    nodes = format_table(("node", "node group", "devices", "engine", "free"),
+    nodes = format_table(("node", "node group", "devices", "engine", "free", "draining"),
                          [(short(n["id"]), short(n["node_group"]), n["devices"], f"{n['held_devices']:g}",
-                           f"{n['free_devices']:g}") for n in snap.get("nodes", [])], right=(2, 3, 4))
+                           f"{n['free_devices']:g}", "yes" if n.get("draining") else "-")
+                          for n in snap.get("nodes", [])], right=(2, 3, 4))
     wpgs = format_table(("wpg", "node", "side", "backend", "devices", "models", "resident jobs"),
                         [(w["name"], short(w["node"]), w["side"], w["backend"], f"{w['devices']:g}",
                           ",".join(w["models"]) or "-", ",".join(w["resident_jobs"]) or "-")

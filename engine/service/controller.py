@@ -92,7 +92,8 @@ class EngineService:
         self.start_s: dict[str, float] = {}  # group name -> seconds it took to start, while it runs
         self.idle_since: dict[str, float] = {}  # group name -> since when no running job uses it
         self.held_device_s = 0.0  # device-seconds of the groups released so far, idle time included
-        self.resuming: set[str] = set()  # waiting jobs whose driver resumes from their log (a service restart)
+        self.resuming: set[str] = set()  # waiting jobs whose driver resumes from their log (restart, drain)
+        self.draining: set[str] = set()  # nodes an admin drained: no group is placed there
         self._adopt_unfinished()
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -142,10 +143,13 @@ class EngineService:
         self.start_s[name] = time.monotonic() - started
         return group
 
-    def _usage(self) -> list[dict[str, Any]]:
+    def _usage(self, *, draining: bool = False) -> list[dict[str, Any]]:
         """The nodes' slots, free as the engine counts them and as Ray does (other actors may hold
-        slots too)."""
-        return node_usage(read_nodes(), held_slots(self.groups.values()), ray_free_devices())
+        slots too); the drained nodes only with ``draining`` (flagged so)."""
+        rows = node_usage(read_nodes(), held_slots(self.groups.values()), ray_free_devices())
+        for row in rows:
+            row["draining"] = row["id"] in self.draining
+        return [row for row in rows if draining or not row["draining"]]
 
     def _place(self, sizes: list[float], near: list[Any]) -> tuple[list[dict[str, Any]], list[str] | None]:
         """The nodes' usage, and nodes for new groups of ``sizes`` (``choose_nodes``), in the node
@@ -398,7 +402,7 @@ class EngineService:
             "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
                         "devices": self.config.devices_per_group, "max_resident": self.config.max_resident}
                        for (side, kind, ranks, _), g in keyed],
-            "nodes": self._usage(),
+            "nodes": self._usage(draining=True),
             "wpgs": [{"name": g.name, "node": g.nodes[0] if g.nodes else None, "rank_nodes": list(g.nodes),
                       "side": side, "backend": kind, "models": sorted(models.get(g.name, ())),
                       "architectures": sorted({a for m in models.get(g.name, ()) if (a := architecture(m))}),
@@ -425,6 +429,48 @@ class EngineService:
             except Exception:  # busy past the wait, or gone: the snapshot does not wait on it
                 out.append({"job": job, "node": None, "rss_mb": None, "torch": None})
         return out
+
+    def drain(self, node: str, undo: bool = False) -> dict[str, Any]:
+        """Take ``node`` (its id, or a prefix only it has) out of placement: the jobs whose groups
+        run there stop, and wait first in the queue to be placed elsewhere, resuming from their
+        last checkpoint (a ``recovery`` event marks the work redone: it is not billed twice, and it
+        is no fault: it counts toward no limit); its groups are released. ``undo``: it takes
+        groups again. Returns the node's id and the jobs moved."""
+        with self.lock:
+            matches = [n.id for n in read_nodes() if node and n.id.startswith(node)]
+            if len(matches) != 1:
+                raise ValueError(f"node: {'no node' if not matches else 'more than one node'} of the cluster "
+                                 f"has an id starting {node!r}")
+            (node,) = matches
+            if undo:
+                self.draining.discard(node)
+                self._admit()
+                return {"node": node, "draining": False, "moved": []}
+            self.draining.add(node)
+            there = {name for name, g in self.groups.items() if node in g.nodes}
+            moved = sorted(job for job in self.drivers if there & set(self.job_groups.get(job, ())))
+            for job in reversed(moved):
+                self._move_off(job, f"node {node[:12]} was drained by an admin; placed again and resumed")
+            for name in sorted(there & set(self.groups)):
+                self._release_group(name)
+            self._admit()
+        return {"node": node, "draining": True, "moved": moved}
+
+    def _move_off(self, job_id: str, why: str) -> None:
+        """Stop the job's driver, drop its calls and states, and queue it first, to resume from its
+        last checkpoint once placed again. Holds the lock."""
+        from engine.service.driver import redone_after
+
+        self._stop_driver(job_id)
+        self._drop_calls_and_states(job_id)
+        self.drivers.pop(job_id, None)
+        self.runs.pop(job_id, None)
+        self.job_groups.pop(job_id, None)
+        redone = redone_after(read_events(events_path(self.data_dir, job_id)))
+        _append(self.data_dir, job_id, "recovery", {"message": why, "attempt": self.recoveries.get(job_id, 0),
+                                                    "redone_after_seq": redone})
+        self.resuming.add(job_id)
+        self.waiting.insert(0, job_id)
 
     def estimate(self, spec: dict[str, Any]) -> dict[str, Any]:
         """A job's pre-run estimate (``engine.accounting.estimate``): its predicted calls, wall and step seconds,

@@ -56,9 +56,21 @@ def test_start_status_and_stop_the_engine_service_on_a_ray_cluster(ray_head):
     assert json.loads(status.stdout) == snapshot
     table = plexrl({**env, "RAY_ADDRESS": address}, "engine", "status")
     assert table.returncode == 0, table.stderr[-3000:]
-    assert table.stdout.split("\n")[0].split() == ["node", "node", "group", "devices", "engine", "free"]
+    assert table.stdout.split("\n")[0].split() == ["node", "node", "group", "devices", "engine", "free", "draining"]
     assert node["id"][:12] in table.stdout
     assert "no worker group yet" in table.stdout
+
+    # an admin drains the node (by a prefix of its id), then takes it back
+    drained = plexrl(env, "engine", "drain", node["id"][:8], "--address", address)
+    assert drained.returncode == 0, drained.stderr[-3000:]
+    assert drained.stdout.strip() == f"node {node['id']}: draining; jobs moved: none"
+    (row,) = json.loads(plexrl(env, "engine", "status", "--address", address, "--json").stdout)["nodes"]
+    assert row["draining"] is True
+    unknown = plexrl(env, "engine", "drain", "no-such-node", "--address", address)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == "plexrl: error: node: no node of the cluster has an id starting 'no-such-node'"
+    undone = plexrl(env, "engine", "drain", node["id"], "--undo", "--address", address, "--json")
+    assert json.loads(undone.stdout) == {"node": node["id"], "draining": False, "moved": []}
 
     stopped = plexrl(env, "engine", "stop", "--address", address)
     assert stopped.returncode == 0, stopped.stderr[-3000:]

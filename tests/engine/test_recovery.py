@@ -265,3 +265,27 @@ def test_a_worker_node_lost_mid_run_takes_no_control_plane_and_its_job_resumes_o
     assert out["wpg_nodes_after"] == [other]
     assert_recovered(out["events"], plain)
     assert "lost" in recoveries(out["events"])[0]["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_drained_node_hands_its_job_to_another_and_takes_no_new_one(plain, plexrl_home, tmp_path):
+    """Several Ray nodes (``drain_probe``): the node a job runs on is drained once step 2 is logged;
+    the job resumes on the other node from its last checkpoint and ends as the undisturbed run
+    did; a job submitted then waits for the other node rather than going to the drained one."""
+    env = {**os.environ, "PLEXRL_HOME": str(plexrl_home)}
+    done = subprocess.run([sys.executable, "-m", "tests.engine.drain_probe", str(tmp_path),
+                           json.dumps(SPEC.to_dict())], capture_output=True, text=True, timeout=580, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
+    drained = out["drained"]
+    assert out["answer"] == {"node": drained, "draining": True, "moved": ["mn-drain"]}
+    (other,) = set(out["workers"]) - {drained}
+    assert out["wpg_nodes_during"] == [other]  # its groups were released, the job's new ones are elsewhere
+    rows = {n["id"]: n for n in out["nodes_during"]}
+    assert rows[drained]["draining"]
+    assert not rows[other]["draining"]
+    assert out["after_queued"]["state"] == "queued"  # the other node is busy, the drained one takes none
+    assert out["after_states"][-1] == "succeeded"
+    assert_recovered(out["events"], plain)
+    assert "drained by an admin" in recoveries(out["events"])[0]["message"]
