@@ -21,6 +21,7 @@ the model catalog, and the dataset check an upload runs (the same one a job's st
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -77,7 +78,8 @@ class EngineClient:
         address = address or os.environ.get("RAY_ADDRESS") or None
         if not ray.is_initialized():
             if address:
-                ray.init(address=address, namespace="plexrl", log_to_driver=False)
+                # quiet: a CLI command's output is its answer (or its one-line error)
+                ray.init(address=address, namespace="plexrl", log_to_driver=False, logging_level=logging.WARNING)
             else:
                 start_ray(EngineConfig())
         self.data_dir = Path(data_dir) if data_dir else plexrl_home()

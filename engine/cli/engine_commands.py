@@ -255,8 +255,8 @@ def cmd_engine_service(args: argparse.Namespace) -> int:
     elif args.engine_command == "drain":
         try:
             done = client.drain(args.node, undo=args.undo)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
+        except ValueError as exc:  # the service's own message, not the remote traceback around it
+            raise CliError(str(getattr(exc, "cause", None) or exc)) from None
         print(json.dumps(done, indent=2) if args.json else
               f"node {done['node']}: {'draining' if done['draining'] else 'takes worker groups again'}; "
               f"jobs moved: {', '.join(done['moved']) or 'none'}")

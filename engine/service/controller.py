@@ -561,7 +561,7 @@ class EngineService:
                     if job in self.cancelling or self.runs.get(job) != ref:
                         continue
                     if is_engine_fault(exc):  # it died, or something under it did
-                        self._recover(job, exc)
+                        self._recover(job, exc, ref)
                     else:
                         self._finish(job, {"state": "failed", "reason": f"driver ended: {type(exc).__name__}"})
 
@@ -615,13 +615,13 @@ class EngineService:
             self.job_keys[job_id] = keys
             self.waiting.append(job_id)
 
-    def _recover(self, job_id: str, exc: BaseException) -> None:
+    def _recover(self, job_id: str, exc: BaseException, run: Any = None) -> None:
         """An engine fault ended the job's driver: replace what died (the scheduler, worker groups
         that lost a rank), then resume every job that ran on it from its last checkpoint."""
         reason = fault_reason(exc)
         with self.lock:
-            if job_id not in self.jobs:
-                return
+            if job_id not in self.jobs or (run is not None and self.runs.get(job_id) != run):
+                return  # ended, or its driver was replaced meanwhile (a drain): that run is history
             try:
                 affected = {job_id} | self._heal()
             except Exception as heal_exc:  # nothing to resume on: fail, with both reasons, not hang
