@@ -23,6 +23,7 @@ tenants' weights and budgets the platform pushed (recorded across restarts by
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 import time
@@ -54,6 +55,7 @@ MAX_EVENTS = 10_000  # per events() call
 
 ADMIT_EVERY_S = 2.0  # while jobs wait, how often the service looks for room again
 RELEASE_WAIT_S = 10.0  # the most a released group's slots take to show free in Ray's view
+DRAINED_FILE = "drained_nodes.json"  # under the data directory: the nodes an admin drained
 PING_WAIT_S = 10.0  # while healing, how long a rank has to answer before it counts as alive but busy
 
 
@@ -93,7 +95,9 @@ class EngineService:
         self.idle_since: dict[str, float] = {}  # group name -> since when no running job uses it
         self.held_device_s = 0.0  # device-seconds of the groups released so far, idle time included
         self.resuming: set[str] = set()  # waiting jobs whose driver resumes from their log (restart, drain)
-        self.draining: set[str] = set()  # nodes an admin drained: no group is placed there
+        # nodes an admin drained: no group is placed there (kept across a restart of the service)
+        drained = self.data_dir / DRAINED_FILE
+        self.draining: set[str] = set(json.loads(drained.read_text())) if drained.is_file() else set()
         self._adopt_unfinished()
         threading.Thread(target=self._watch, daemon=True).start()
 
@@ -444,9 +448,11 @@ class EngineService:
             (node,) = matches
             if undo:
                 self.draining.discard(node)
+                self._keep_drained()
                 self._admit()
                 return {"node": node, "draining": False, "moved": []}
             self.draining.add(node)
+            self._keep_drained()
             there = {name for name, g in self.groups.items() if node in g.nodes}
             moved = sorted(job for job in self.drivers if there & set(self.job_groups.get(job, ())))
             for job in reversed(moved):
@@ -455,6 +461,14 @@ class EngineService:
                 self._release_group(name)
             self._admit()
         return {"node": node, "draining": True, "moved": moved}
+
+    def _keep_drained(self) -> None:
+        """Record the drained nodes where a service started later reads them."""
+        path = self.data_dir / DRAINED_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(self.draining)))
+        tmp.replace(path)
 
     def _move_off(self, job_id: str, why: str) -> None:
         """Stop the job's driver, drop its calls and states, and queue it first, to resume from its
@@ -597,7 +611,8 @@ class EngineService:
                                                          f"restarted and cannot resume it: {exc}"})
                 continue
             ran = any(e["kind"] == "state" and e["data"]["state"] == "running" for e in events)
-            count = sum(e["kind"] == "recovery" for e in events) + 1
+            # restarts after faults so far (a drain's move is none: its attempt repeats the last)
+            count = max((e["data"].get("attempt", 0) for e in events if e["kind"] == "recovery"), default=0) + 1
             if ran and count > self.config.max_recoveries:
                 _append(self.data_dir, job_id, "state", {"state": "failed", "reason": f"the engine service restarted; "
                                                          f"not recovered after {count - 1} restarts"})

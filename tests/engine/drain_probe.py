@@ -10,50 +10,37 @@ the test session's Ray is another cluster. ``PLEXRL_HOME`` names where the prese
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-import ray
-from ray.cluster_utils import Cluster
-
 from engine.control import EngineClient
 from engine.spec import JobSpec, ServiceConfig
-from tests.engine.service_helpers import finished, metrics, wait_for
+from tests.engine.service_helpers import finished, metrics, wait_for, worker_nodes
 
 
 def main(data_dir: Path, spec: dict) -> None:
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    workers = [cluster.add_node(num_cpus=1, resources={"device": 1}) for _ in range(2)]
-    ray.init(address=cluster.address, log_to_driver=False, namespace="plexrl")
-    client = None
-    try:
-        cluster.wait_for_nodes()
+    with worker_nodes(2) as (_, workers):
         # one job a pair: a second job needs the other node
         client = EngineClient(data_dir=data_dir, config=ServiceConfig(devices_per_group=0.5, threads=1,
                                                                       job_demand=1.0, group_load_limit=1.0))
-        client.submit_job("mn-drain", JobSpec.from_dict(spec))
-        wait_for(client, "mn-drain", lambda ev: any(m["step"] >= 2 for m in metrics(ev)), timeout=240)
-        (node,) = {w["node"] for w in client.cluster_snapshot()["wpgs"]}
-        answer = client.drain(node[:10])  # a prefix names it
-        client.submit_job("mn-after", JobSpec.from_dict({**spec, "steps": 1}))  # the drained node takes none
-        during = client.cluster_snapshot()
-        after_status = client.status("mn-after")
-        events = wait_for(client, "mn-drain", finished, timeout=300)
-        after = wait_for(client, "mn-after", finished, timeout=300)
-        print(json.dumps({
-            "drained": node, "answer": answer, "workers": [w.node_id for w in workers],
-            "nodes_during": during["nodes"], "wpg_nodes_during": sorted({w["node"] for w in during["wpgs"]}),
-            "after_queued": after_status, "after_states": [e["data"]["state"] for e in after if e["kind"] == "state"],
-            "events": events,
-        }))
-    finally:
-        if client is not None:
+        try:
+            client.submit_job("mn-drain", JobSpec.from_dict(spec))
+            wait_for(client, "mn-drain", lambda ev: any(m["step"] >= 2 for m in metrics(ev)), timeout=240)
+            (node,) = {w["node"] for w in client.cluster_snapshot()["wpgs"]}
+            answer = client.drain(node[:10])  # a prefix names it
+            client.submit_job("mn-after", JobSpec.from_dict({**spec, "steps": 1}))  # the drained node takes none
+            during = client.cluster_snapshot()
+            after_status = client.status("mn-after")
+            events = wait_for(client, "mn-drain", finished, timeout=300)
+            after = wait_for(client, "mn-after", finished, timeout=300)
+            print(json.dumps({
+                "drained": node, "answer": answer, "workers": [w.node_id for w in workers],
+                "nodes_during": during["nodes"], "wpg_nodes_during": sorted({w["node"] for w in during["wpgs"]}),
+                "after_queued": after_status,
+                "after_states": [e["data"]["state"] for e in after if e["kind"] == "state"], "events": events,
+            }))
+        finally:
             client.shutdown()
-        ray.shutdown()
-        cluster.shutdown()
-
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), json.loads(sys.argv[2]))

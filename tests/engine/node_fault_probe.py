@@ -9,50 +9,39 @@ A process of its own: the test session's Ray is another cluster. ``PLEXRL_HOME``
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import ray
-from ray.cluster_utils import Cluster
 
 from engine.control import EngineClient
 from engine.spec import JobSpec, ServiceConfig
-from tests.engine.service_helpers import finished, metrics, wait_for
+from tests.engine.service_helpers import finished, metrics, wait_for, worker_nodes
 
 
 def main(data_dir: Path, spec: dict) -> None:
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    workers = [cluster.add_node(num_cpus=1, resources={"device": 1}) for _ in range(2)]
-    ray.init(address=cluster.address, log_to_driver=False, namespace="plexrl")
-    client = None
-    try:
-        cluster.wait_for_nodes()
+    with worker_nodes(2) as (cluster, workers):
         head = ray.get_runtime_context().get_node_id()
         client = EngineClient(data_dir=data_dir, config=ServiceConfig(devices_per_group=0.5, threads=1,
                                                                       max_recoveries=2))
-        client.submit_job("mn-fault", JobSpec.from_dict(spec))
-        wait_for(client, "mn-fault", lambda ev: any(m["step"] >= 2 for m in metrics(ev)), timeout=240)
-        before = client.cluster_snapshot()
-        (node,) = {w["node"] for w in before["wpgs"]}  # a job's groups share one node group
-        cluster.remove_node(next(w for w in workers if w.node_id == node))
-        lost_at = time.monotonic()
-        events = wait_for(client, "mn-fault", finished, timeout=300)
-        after = client.cluster_snapshot()
-        print(json.dumps({
-            "head": head, "removed": node, "workers": [w.node_id for w in workers],
-            "control_before": before["control_node"], "control_after": after["control_node"],
-            "wpg_nodes_after": sorted({w["node"] for w in after["wpgs"]}),
-            "recovered_in_s": time.monotonic() - lost_at, "events": events,
-        }))
-    finally:
-        if client is not None:
+        try:
+            client.submit_job("mn-fault", JobSpec.from_dict(spec))
+            wait_for(client, "mn-fault", lambda ev: any(m["step"] >= 2 for m in metrics(ev)), timeout=240)
+            before = client.cluster_snapshot()
+            (node,) = {w["node"] for w in before["wpgs"]}  # a job's groups share one node group
+            cluster.remove_node(next(w for w in workers if w.node_id == node))
+            lost_at = time.monotonic()
+            events = wait_for(client, "mn-fault", finished, timeout=300)
+            after = client.cluster_snapshot()
+            print(json.dumps({
+                "head": head, "removed": node, "workers": [w.node_id for w in workers],
+                "control_before": before["control_node"], "control_after": after["control_node"],
+                "wpg_nodes_after": sorted({w["node"] for w in after["wpgs"]}),
+                "recovered_in_s": time.monotonic() - lost_at, "events": events,
+            }))
+        finally:
             client.shutdown()
-        ray.shutdown()
-        cluster.shutdown()
-
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), json.loads(sys.argv[2]))

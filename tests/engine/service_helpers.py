@@ -4,7 +4,11 @@ states and metrics out of its events."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from engine.control import EngineClient
 
@@ -33,3 +37,24 @@ def metrics(events: list[dict]) -> list[dict]:
 
 def finished(events: list[dict]) -> bool:
     return bool(states(events)) and states(events)[-1] in ("succeeded", "failed", "cancelled")
+
+
+@contextlib.contextmanager
+def worker_nodes(count: int) -> Iterator[tuple[Any, list[Any]]]:
+    """For a probe process: a Ray cluster of its own on this machine, a head node with no device
+    slots (where the platform's process runs) and ``count`` worker nodes of one device slot each,
+    a node group each, joined by this process; yields (the cluster, its worker nodes) once they are
+    up, and shuts it down after."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    workers = [cluster.add_node(num_cpus=1, resources={"device": 1}) for _ in range(count)]
+    ray.init(address=cluster.address, log_to_driver=False, namespace="plexrl")
+    try:
+        cluster.wait_for_nodes()
+        yield cluster, workers
+    finally:
+        ray.shutdown()
+        cluster.shutdown()

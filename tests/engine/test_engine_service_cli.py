@@ -66,6 +66,14 @@ def test_start_status_and_stop_the_engine_service_on_a_ray_cluster(ray_head):
     assert drained.stdout.strip() == f"node {node['id']}: draining; jobs moved: none"
     (row,) = json.loads(plexrl(env, "engine", "status", "--address", address, "--json").stdout)["nodes"]
     assert row["draining"] is True
+    # a service started after this one died knows the drain
+    kill = f"import ray; ray.init(address={address!r}, namespace='plexrl'); " \
+           "ray.kill(ray.get_actor('plexrl-engine'), no_restart=True)"
+    subprocess.run([sys.executable, "-c", kill], env=env, check=True, capture_output=True, timeout=120)
+    restarted = plexrl(env, "engine", "start", "--address", address, "--json")
+    assert restarted.returncode == 0, restarted.stderr[-3000:]
+    (row,) = json.loads(restarted.stdout)["nodes"]
+    assert row["draining"] is True
     unknown = plexrl(env, "engine", "drain", "no-such-node", "--address", address)
     assert unknown.returncode == 2
     assert unknown.stderr.strip() == "plexrl: error: node: no node of the cluster has an id starting 'no-such-node'"
