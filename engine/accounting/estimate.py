@@ -31,8 +31,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +40,7 @@ from typing import Any
 from engine.accounting.metering import UsageRecord
 from engine.paths import plexrl_home
 from engine.spec import JobSpec
+from engine.support.atomic_json import write_json
 
 CALIBRATION_PATH = Path(__file__).with_name("calibration.json")
 PROFILE_VERSION = 1
@@ -314,14 +313,7 @@ def write_profile(spec: JobSpec, usage: Iterable[dict[str, Any]], *, home: Path 
         "predicted_seconds": _by_function(predicted.calls),
         "measured_gap_seconds": gap, "predicted_gap_seconds": predicted.gap_seconds,
     }
-    folder = profiles_dir(home)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{profile['shape']}.json"
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(profile, f, indent=1)
-    os.replace(tmp, path)  # readers never see half a profile
-    return path
+    return write_json(profiles_dir(home) / f"{profile['shape']}.json", profile, indent=1)  # never half a profile
 
 
 def read_profile(spec: JobSpec, *, home: Path | None = None) -> dict[str, Any] | None:

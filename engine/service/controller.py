@@ -47,6 +47,7 @@ from engine.service.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_ev
 from engine.service.placing import GroupKey, LiveGroup, admission_round, declared, group_keys, live_policy
 from engine.service.tenants import TenantBook
 from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
+from engine.support.atomic_json import write_json
 from engine.support.local_node import here
 
 _log = logging.getLogger(__name__)
@@ -464,11 +465,7 @@ class EngineService:
 
     def _keep_drained(self) -> None:
         """Record the drained nodes where a service started later reads them."""
-        path = self.data_dir / DRAINED_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(sorted(self.draining)))
-        tmp.replace(path)
+        write_json(self.data_dir / DRAINED_FILE, sorted(self.draining))
 
     def _move_off(self, job_id: str, why: str) -> None:
         """Stop the job's driver, drop its calls and states, and queue it first, to resume from its

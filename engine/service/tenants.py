@@ -18,12 +18,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 from engine.accounting.metering import UsageRecord
 from engine.service.eventlog import read_events
+from engine.support.atomic_json import write_json
 
 _log = logging.getLogger(__name__)
 
@@ -56,13 +56,7 @@ class TenantBook:
         self._save()
 
     def _save(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
-        with tmp.open("w") as f:
-            json.dump({"tenants": self.tenants}, f, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)  # readers see the old file or the new one, never half of one
+        write_json(self.path, {"tenants": self.tenants}, sort_keys=True)
 
     def for_scheduler(self) -> dict[str, dict[str, float | None]]:
         """``{tenant: {"weight", "budget"}}`` for a scheduler starting now: each budget less the
