@@ -111,24 +111,20 @@ class EngineClient:
         safe to repeat (a job is submitted once by id)."""
         import ray
 
-        try:
-            return ray.get(getattr(self.actor, method).remote(*args), timeout=self.timeout_s)
-        except ray.exceptions.RayTaskError as exc:
-            raise exc.as_instanceof_cause() from None
-        except ray.exceptions.RayActorError:
-            if not self.create:
-                raise
-        deadline = time.monotonic() + RESTART_WAIT_S
-        while True:  # the dead service's name is released once Ray has seen it die
-            self.actor = self._service()
+        deadline = None  # set once the service is found dead
+        while True:
             try:
                 return ray.get(getattr(self.actor, method).remote(*args), timeout=self.timeout_s)
             except ray.exceptions.RayTaskError as exc:
                 raise exc.as_instanceof_cause() from None
             except ray.exceptions.RayActorError:
-                if time.monotonic() > deadline:
+                if not self.create or (deadline is not None and time.monotonic() > deadline):
                     raise
-                time.sleep(0.5)
+                if deadline is None:
+                    deadline = time.monotonic() + RESTART_WAIT_S
+                else:  # the dead service's name is released once Ray has seen it die
+                    time.sleep(0.5)
+            self.actor = self._service()
 
     def submit_job(self, job_id: str, spec: JobSpec | dict[str, Any], *, tenant: str = "",
                    priority: str = "normal") -> dict[str, Any]:

@@ -43,7 +43,7 @@ from engine.service.cluster import (
     ray_free_devices,
     read_nodes,
 )
-from engine.service.eventlog import TERMINAL_STATES, EventLog, LogEnded, read_events
+from engine.service.eventlog import TERMINAL_STATES, EventLog, LogEnded, has_ended, read_events
 from engine.service.placing import GroupKey, LiveGroup, admission_round, declared, group_keys, live_policy
 from engine.service.tenants import TenantBook
 from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
@@ -246,7 +246,7 @@ class EngineService:
             # written before the driver, the next writer, starts
             _append(self.data_dir, admitted.job, "placed", {
                 "groups": names, "nodes": [self.groups[n].nodes[0] if self.groups[n].nodes else None for n in names]})
-            if resume and job_state(read_events(events_path(self.data_dir, admitted.job))).get("state") == "paused":
+            if resume and self.status(admitted.job).get("state") == "paused":
                 ray.get(self._scheduler().pause.remote(admitted.job))  # its calls wait, as before the restart
             self._start_driver(admitted.job, resume=resume)
 
@@ -458,7 +458,7 @@ class EngineService:
             moved = sorted(job for job in self.drivers if there & set(self.job_groups.get(job, ())))
             for job in reversed(moved):
                 self._move_off(job, f"node {node[:12]} was drained by an admin; placed again and resumed")
-            for name in sorted(there & set(self.groups)):
+            for name in sorted(there):  # no job uses them now
                 self._release_group(name)
             self._admit()
         return {"node": node, "draining": True, "moved": moved}
@@ -468,18 +468,12 @@ class EngineService:
         write_json(self.data_dir / DRAINED_FILE, sorted(self.draining))
 
     def _move_off(self, job_id: str, why: str) -> None:
-        """Stop the job's driver, drop its calls and states, and queue it first, to resume from its
-        last checkpoint once placed again. Holds the lock."""
-        from engine.service.driver import redone_after
-
-        self._stop_driver(job_id)
-        self._drop_calls_and_states(job_id)
+        """Stop the job (``_stop_for_resume``) and queue it first, to resume from its last
+        checkpoint once placed again. Holds the lock."""
+        self._stop_for_resume(job_id, why)
         self.drivers.pop(job_id, None)
         self.runs.pop(job_id, None)
         self.job_groups.pop(job_id, None)
-        redone = redone_after(read_events(events_path(self.data_dir, job_id)))
-        _append(self.data_dir, job_id, "recovery", {"message": why, "attempt": self.recoveries.get(job_id, 0),
-                                                    "redone_after_seq": redone})
         self.resuming.add(job_id)
         self.waiting.insert(0, job_id)
 
@@ -587,18 +581,18 @@ class EngineService:
         from engine.scheduler.live import SCHEDULER_NAME, stop_scheduler
         from engine.service.driver import redone_after
 
-        unfinished = []
-        for path in (self.data_dir / "jobs").glob("*/events.jsonl"):
-            events = read_events(path)
-            if events and job_state(events).get("state") not in TERMINAL_STATES:
-                unfinished.append((events[0]["ts"], path.parent.name, events))
+        unfinished = [p for p in (self.data_dir / "jobs").glob("*/events.jsonl") if not has_ended(p)]
         if not unfinished:
             return
         stop_scheduler()
         _wait_name_free(SCHEDULER_NAME)
-        for _, job_id, events in sorted(unfinished):
-            _wait_name_free(f"driver:{job_id}")  # the dead service's driver, its log's writer, is gone
-            events = read_events(events_path(self.data_dir, job_id))  # with what it wrote last
+        logs = []
+        for path in unfinished:
+            _wait_name_free(f"driver:{path.parent.name}")  # the dead service's driver, its log's writer, is gone
+            events = read_events(path)  # with what it wrote last
+            if events and job_state(events).get("state") not in TERMINAL_STATES:
+                logs.append((events[0]["ts"], path.parent.name, events))
+        for _, job_id, events in sorted(logs):  # in submission order
             queued = next(e["data"] for e in events if e["kind"] == "state")
             try:
                 spec = JobSpec.from_dict(next(e["data"] for e in events if e["kind"] == "spec"))
@@ -718,14 +712,20 @@ class EngineService:
 
     def _replace_driver(self, job_id: str, why: str) -> None:
         """Kill the job's driver (if alive), drop its calls and states, start one that resumes."""
+        self._stop_for_resume(job_id, why)
+        self._start_driver(job_id, resume=True)
+
+    def _stop_for_resume(self, job_id: str, why: str) -> None:
+        """Kill the job's driver (if alive), drop the calls and states it left, and log a
+        ``recovery`` event: ``why``, the fault restarts so far, and the seq after which its work
+        is redone (its last checkpoint's). Holds the lock."""
         from engine.service.driver import redone_after
 
         self._stop_driver(job_id)
-        self._drop_calls_and_states(job_id)  # what the dead driver left
+        self._drop_calls_and_states(job_id)
         redone = redone_after(read_events(events_path(self.data_dir, job_id)))
-        _append(self.data_dir, job_id, "recovery", {"message": why, "attempt": self.recoveries[job_id],
+        _append(self.data_dir, job_id, "recovery", {"message": why, "attempt": self.recoveries.get(job_id, 0),
                                                     "redone_after_seq": redone})
-        self._start_driver(job_id, resume=True)
 
 
 def _append(data_dir: Path, job_id: str, kind: str, data: dict[str, Any]) -> None:

@@ -119,6 +119,26 @@ def read_events(path: Path, after_seq: int = 0, limit: int | None = None) -> lis
     return out
 
 
+def has_ended(path: Path, tail: int = 64 << 10) -> bool:
+    """Whether the log holds a terminal state. Reads its last ``tail`` bytes first (a job's end is
+    among its last events: only its own writer's summary and artifact follow it), the whole log
+    only where those hold none: cheap for the many logs of jobs that ended."""
+    path = Path(path)
+    with path.open("rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - tail))
+        lines = f.read().split(b"\n")
+    for line in lines[1 if size > tail else 0:]:  # the first line of a tail may be cut
+        if b'"state"' not in line:
+            continue
+        try:
+            if _is_terminal(json.loads(line)):
+                return True
+        except ValueError:
+            continue  # a torn last line
+    return size > tail and any(_is_terminal(e) for e in read_events(path))
+
+
 def _drop_torn_tail(path: Path) -> None:
     """Truncate ``path`` after its last whole line (one that ends in a newline and parses)."""
     if not path.exists():

@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,14 +55,6 @@ def small_spec(steps: int, seed: int) -> dict:
     return {"task": "arith", "model": "tiny-arith", "steps": steps, "seed": seed, "rollout": "torch",
             "trainer": "torch", "grpo": {"prompts_per_step": 8, "samples_per_prompt": 4, "updates_per_step": 2,
                                          "eval_every": steps, "eval_size": 10, "max_tokens": 6}}
-
-
-def request(method: str, url: str, token: str, body: dict | None = None) -> dict:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,  # noqa: S310 - http://127.0.0.1 only
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as response:  # noqa: S310
-        return json.loads(response.read() or b"{}")
 
 
 def platform_rss(roots: list[int]) -> int:
@@ -93,29 +84,22 @@ def drivers() -> list[int]:
     return out
 
 
-def all_jobs(url: str, token: str) -> list[dict]:
-    jobs, page = [], f"{url}/api/v1/jobs/?page_size=100"
-    while page:
-        body = request("GET", page, token)
-        jobs += body["results"]
-        page = body.get("next")
-    return jobs
-
-
 def run(url: str, token: str, jobs: int, steps: int, roots: list[int]) -> dict:
+    """Submit with the platform's SDK client (what users run), then follow the job list."""
     import psutil
     from tqdm import tqdm
 
+    from engine.cli.restclient import PlatformClient
+
+    client = PlatformClient(url, token, timeout=60)
     started = time.monotonic()
-    ids = [request("POST", f"{url}/api/v1/jobs/", token,
-                   {"name": f"load {i}", "spec": small_spec(steps, seed=i), "rollout_devices": 1,
-                    "train_devices": 1})["id"] for i in range(jobs)]
+    ids = [client.submit(small_spec(steps, seed=i), name=f"load {i}")["id"] for i in range(jobs)]
     submit_s = time.monotonic() - started
     peak = {"engine": 0, "platform": 0, "used": 0, "drivers": 0, "driver_rss": 0, "queued": 0}
     with tqdm(total=jobs, desc=f"{jobs} jobs", unit="job", disable=not sys.stderr.isatty()) as bar:
         while True:
             time.sleep(1.0)
-            listed = [j for j in all_jobs(url, token) if j["id"] in ids]
+            listed = [j for j in client.jobs() if j["id"] in ids]
             driver_rss = drivers()
             now = {"engine": engine_rss()[0], "platform": platform_rss(roots),
                    "used": psutil.virtual_memory().used, "drivers": len(driver_rss),

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from engine.client import Client
-from engine.service.eventlog import EventLog, LogEnded, read_events
+from engine.service.eventlog import EventLog, LogEnded, has_ended, read_events
 
 
 @pytest.fixture
@@ -198,3 +198,25 @@ def test_a_second_writer_goes_on_after_the_first_and_nothing_follows_the_end(tmp
     events = read_events(path)
     assert [e["seq"] for e in events] == [1, 2, 3, 4]
     assert events[2]["data"] == {"state": "failed", "reason": "driver ended"}
+
+
+@pytest.mark.parametrize("filler", [0, 2000], ids=["short", "longer-than-the-tail"])
+def test_has_ended_finds_a_terminal_state_from_the_tail_or_the_whole_log(tmp_path, filler):
+    running, ended, late = tmp_path / "running.jsonl", tmp_path / "ended.jsonl", tmp_path / "late.jsonl"
+    for path in (running, ended, late):
+        log = EventLog(path)
+        log.append("state", {"state": "running"})
+        for i in range(filler):
+            log.append("log", {"message": f"line {i} " + "x" * 40})
+        if path is ended:
+            log.append("state", {"state": "succeeded"})
+            log.append("summary", {"steps": 3})
+        if path is late:  # its end, then more than the tail's bytes (read whole)
+            log.append("state", {"state": "failed", "reason": "r"})
+            log.append("summary", {"pad": "y" * (70 << 10)})
+        log.close()
+    with running.open("a") as f:
+        f.write('{"seq": 9999, "kind": "state", "data": {"state": "succ')  # torn: not an end
+    assert not has_ended(running)
+    assert has_ended(ended)
+    assert has_ended(late)
