@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.api import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
 
 
-@dataclass(frozen=True)
-class UsageRecord:
+class UsageRecord(NamedTuple):
+    """Immutable; a named tuple rather than a frozen dataclass because the simulator makes millions
+    of them (one per WPG of every call), and a named tuple is made several times faster."""
+
     job: str
     role: str
     fn: str
@@ -38,7 +40,7 @@ class UsageRecord:
         return self.devices * self.seconds
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self._asdict()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> UsageRecord:

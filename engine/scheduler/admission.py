@@ -433,8 +433,8 @@ class Placer:
             holder = self.reserved.get(domain.name)
             if holder is not None and holder != job.name:
                 continue
-            option = self._option_in(domain, job, demand, pack=pack)
-            if option is None or (option.devices and not fresh):
+            option = self._option_in(domain, job, demand, pack=pack, fresh=fresh)
+            if option is None:
                 continue
             formed = sum(len(d) for d in option.devices)
             left = domain.free_devices() - formed  # best fit: the domain it leaves least free
@@ -457,12 +457,16 @@ class Placer:
         out.sort(key=(lambda x: (-x[0], x[1] not in own, x[1])) if pack else (lambda x: (x[0], x[1] not in own, x[1])))
         return out
 
-    def _option_in(self, domain: Domain, job: _Job, demand: Demand, *, pack: bool) -> _Option | None:
+    def _option_in(self, domain: Domain, job: _Job, demand: Demand, *, pack: bool,
+                   fresh: bool = True) -> _Option | None:
         """Where ``job`` would go in ``domain``: with ``pack``, existing WPGs first and fresh
-        ones for the rest; else as many fresh WPGs as the free devices hold, then the emptiest."""
+        ones for the rest; else as many fresh WPGs as the free devices hold, then the emptiest.
+        ``fresh=False``: only an option that forms no WPG."""
         shape = job.shape
-        rollouts = self._room(domain, job, "rollout", demand.rollout, pack)
         trains = self._room(domain, job, "train", demand.train, pack)
+        if not (trains or fresh):
+            return None
+        rollouts = self._room(domain, job, "rollout", demand.rollout, pack)
         choices = []  # (fresh rollout WPGs, fresh train WPG), most preferred first
         if pack:
             choices.append((max(0, shape.replicas - len(rollouts)), not trains))
@@ -470,6 +474,8 @@ class Placer:
             for fresh_train in (True, False) if trains else (True,):
                 choices += [(k, fresh_train) for k in range(shape.replicas, -1, -1)
                             if shape.replicas - k <= len(rollouts)]
+        if not fresh:
+            choices = [(k, t) for k, t in choices if not (k or t)]
         for fresh_r, fresh_t in choices:
             sizes = [shape.rollout_devices] * fresh_r + [shape.train_devices] * fresh_t
             devices = domain.plan(sizes) if sizes else []

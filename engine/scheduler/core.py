@@ -54,6 +54,7 @@ import heapq
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from engine.accounting.metering import UsageRecord
 from engine.scheduler.alignment import Aligner
@@ -76,8 +77,10 @@ class Policy:
     share_quantum_s: float = 1.0  # how far (WPG seconds over weight) a tenant may run ahead of its share
 
 
-@dataclass(frozen=True)
-class Call:
+class Call(NamedTuple):
+    """Immutable (named tuples rather than frozen dataclasses, here and for ``Dispatch``: the
+    simulator makes millions, and a named tuple is made several times faster)."""
+
     id: int  # submission order, scheduler-wide
     job: str
     role: str
@@ -93,8 +96,7 @@ class Call:
         return (self.job, self.role)
 
 
-@dataclass(frozen=True)
-class Dispatch:
+class Dispatch(NamedTuple):
     call: Call
     at: float
     setup_s: float  # estimated switch seconds (0 when the state is resident on every WPG)
@@ -278,9 +280,9 @@ class Scheduler:
             self._free.add(name)
             if waiting := self._ready_on.get(name):
                 self._maybe.update(waiting)
-            records.append(UsageRecord(job=call.job, role=call.role, fn=call.fn, wpg=name, devices=wpg.devices,
-                                       start=dispatch.at, end=now, setup_s=setup_s, exec_s=exec_s, call=call_id,
-                                       tenant=call.tenant, queued_s=dispatch.queued_s))
+            # positional: in UsageRecord's field order (the fastest way to make one; there are many)
+            records.append(UsageRecord(call.job, call.role, call.fn, name, wpg.devices, dispatch.at, now, setup_s,
+                                       exec_s, call_id, call.tenant, dispatch.queued_s))
         if (estimate := self._estimated.pop(call_id, None)) is not None:
             self._reserved[call.tenant] -= estimate
         if call.tenant in self.budgets:

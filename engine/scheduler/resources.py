@@ -249,19 +249,33 @@ def _segments(intervals: Iterable[Interval], period: float) -> Iterator[Segment]
                 yield (0.0, end - period, iv.devices)
 
 
+def _deltas(segments: Iterable[Segment], into: dict[float, int] | None = None) -> defaultdict[float, int]:
+    """The demand's changes: devices added at each segment's start, taken off at its end (added
+    to ``into``, a copy of another demand's changes, when given)."""
+    deltas: defaultdict[float, int] = defaultdict(int, into or {})
+    _add_deltas(segments, deltas)
+    return deltas
+
+
 def _levels(segments: Iterable[Segment], period: float) -> list[Segment]:
     """The demand as a step function: (start, end, devices) pieces covering [0, period) exactly."""
-    deltas: defaultdict[float, int] = defaultdict(int)
-    for start, end, devices in segments:
-        if end > start:
-            deltas[start] += devices
-            deltas[end] -= devices
+    return _steps(_deltas(segments), period)
+
+
+def _steps(deltas: dict[float, int], period: float) -> list[Segment]:
     level, steps = 0, []
     for t0, t1 in pairwise(sorted({0.0, period, *deltas})):
         level += deltas.get(t0, 0)
         if t0 < t1 <= period:
             steps.append((t0, t1, level))
     return steps
+
+
+def _add_deltas(segments: Iterable[Segment], deltas: defaultdict[float, int]) -> None:
+    for start, end, devices in segments:
+        if end > start:
+            deltas[start] += devices
+            deltas[end] -= devices
 
 
 def _load(levels: Iterable[Segment], capacity: int) -> Load:
@@ -574,6 +588,34 @@ class Candidate:
             horizons = {kind: lay(h, {kind}) for kind, h in self.horizons.items()}
         return Candidate(self.group, horizons, self.wpgs, self.base_models)
 
+    def loads(self, demand: JobDemand, offsets: Sequence[float]) -> list[Load]:
+        """``[self.place(demand, offset).load() for offset in offsets]``, the other jobs' demand
+        summed once rather than laid again for every offset (the same numbers: demands are whole
+        devices, so the sums do not depend on their order)."""
+        pools = []
+        for kinds, h in self._pools():
+            if demand.job in h.jobs:
+                h = h.remove(demand.job)
+            pools.append((kinds, h, _deltas(h.segments())))
+        everything: defaultdict[float, int] = defaultdict(int)
+        for _, _, deltas in pools:
+            for t, devices in deltas.items():
+                everything[t] += devices
+        period = pools[0][1].period_s
+        out = []
+        for offset in offsets:
+            overflow = 0.0
+            total = defaultdict(int, everything)
+            for kinds, h, deltas in pools:
+                intervals = demand.intervals(offset, kinds)
+                if intervals:
+                    mine = list(_segments(_fit_period(intervals, demand.period_s, h.period_s), h.period_s))
+                    deltas = _deltas(mine, deltas)
+                    _add_deltas(mine, total)
+                overflow += _load(_steps(deltas, h.period_s), h.capacity).overflow
+            out.append(Load(overflow, _load(_steps(total, period), 0).peak))
+        return out
+
     def load(self) -> Load:
         """Overflow summed over the group's horizons; peak of the group's whole demand (all kinds)."""
         pools = [h for _, h in self._pools()]
@@ -620,8 +662,7 @@ def micro_shift(demand: JobDemand, candidates: Iterable[Candidate], *, offset_st
     best: tuple | None = None
     for c in hosting:
         has_base = bool(demand.base_model) and demand.base_model in c.base_models
-        for offset in offsets:
-            load = c.place(demand, offset).load()
+        for offset, load in zip(offsets, c.loads(demand, offsets), strict=True):
             key = (round(load.overflow, OVERFLOW_DIGITS), load.peak, not has_base, c.group, offset)
             if best is None or key < best[0]:
                 best = (key, Shift(c.group, offset, load.overflow, load.peak))

@@ -46,7 +46,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -243,10 +243,10 @@ class Pool:
     train: list[PoolWpg]
 
 
-@dataclass(frozen=True)
-class CallSpec:
+class CallSpec(NamedTuple):
     """One call a job makes: ``target`` "train", "rollout" (its ``replica``-th rollout WPG) or
-    "sync" (its train WPG and every rollout WPG it uses, at once)."""
+    "sync" (its train WPG and every rollout WPG it uses, at once). A named tuple: every step of
+    every job makes its own."""
 
     fn: str
     target: str
@@ -553,7 +553,7 @@ class PoolSimulation:
                 continue
             r, exec_s, _ = self.calls[(pool.name, d.call.id)]
             # the WPGs swap in parallel; the call holds all of its WPGs through the slowest swap
-            setup = max((self.swap_s(sched, d, g, now) for g in d.switches), default=0.0)
+            setup = max((self.swap_s(sched, d, g, now) for g in d.switches), default=0.0) if d.switches else 0.0
             self.switches += len(d.switches)
             self.calls[(pool.name, d.call.id)] = (r, exec_s, setup)
             self.push(now + setup + exec_s, "done", (pool, d.call.id))

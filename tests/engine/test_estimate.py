@@ -104,7 +104,7 @@ def test_predicted_usage_bills_like_measured_usage(tmp_path):
 def test_a_profile_of_the_same_shape_scales_the_model(tmp_path):
     predicted = estimate(SPEC, home=tmp_path)
     # a finished run of the shape whose generate calls took three times what the model said
-    usage = [dataclasses.replace(r, end=r.start + (3 if r.fn == "generate" else 1) * r.seconds).to_dict()
+    usage = [r._replace(end=r.start + (3 if r.fn == "generate" else 1) * r.seconds).to_dict()
              for r in predicted.usage_records()]
     path = write_profile(SPEC, usage, home=tmp_path)
     assert path == tmp_path / "profiles" / f"{shape_key(SPEC)}.json"

@@ -444,6 +444,36 @@ def test_micro_shift_is_optimal_and_order_independent(loads, phases, bases, seed
     assert micro_shift(new, candidates, offset_step_s=1.5) == shift
 
 
+@FAST
+@given(
+    others=st.lists(st.tuples(st.sampled_from(["rollout", "train"]), st.floats(0, 20), st.floats(0.1, 30),
+                              st.integers(1, 3)), max_size=6),
+    phases=st.lists(st.builds(Phase, st.sampled_from(["rollout", "train"]), st.floats(0, 10), st.floats(0.1, 12),
+                              st.integers(1, 2)), min_size=1, max_size=3),
+    period=st.sampled_from([12.0, 12.0, 5.5, 25.0]),
+    split=st.booleans(),
+    placed=st.booleans(),
+)
+def test_loads_over_offsets_equal_placing_at_each_offset(others, phases, period, split, placed):
+    """``Candidate.loads`` (the other jobs summed once) gives exactly what laying the job at each
+    offset and measuring does, on one pool or one per kind, with the job laid there already or not,
+    in its own period or another."""
+    def horizon(kinds):
+        h = Horizon(12.0, 2)
+        for i, (kind, offset, duration, devices) in enumerate(others):
+            if kind in kinds:
+                h = h.place(f"o{i}", [Interval(offset, duration, devices)])
+        if placed:
+            h = h.place("new", [Interval(1.0, 3.0, 1)])
+        return h
+
+    both = horizon({"rollout", "train"})
+    c = group("g0", {"rollout": horizon({"rollout"}), "train": horizon({"train"})} if split else both)
+    new = job(phases, period=period)
+    offsets = [k * period / 7 for k in range(7)]
+    assert c.loads(new, offsets) == [c.place(new, o).load() for o in offsets]
+
+
 # --- start delays ---------------------------------------------------------------------------------
 
 
