@@ -2,8 +2,8 @@
 paper's figures (-31...-38 % device-hours against async split; 0.56x the isolated completion time)
 hold here, and for which do they not.
 
-    .venv/bin/python tests/bench/sim_sweep.py [--gpus 512] [--jobs 250] [--seed 0] [--json]
-                                              [--only NAME,...]
+    .venv/bin/python tests/bench/sim_sweep.py [--gpus 512] [--jobs 250] [--seed 0 | --seeds 0,1,2,3]
+                                              [--json] [--only NAME,...]
 
 Each row is ``paper-math-backlog`` (the 1,000-job preset's arrival rate, scaled to ``--gpus``, so
 every mode carries a backlog and completion measures capacity) with one thing changed: the
@@ -11,9 +11,11 @@ rollout's long tail (log-normal sigma and cap), the reward / tool-stall share of
 offered load. Every mode runs on the same drawn jobs; the shared mode is ``plexrl_backfill`` with
 the default admission policy, once with the live engine's weight sync (``gang``: train and rollout
 WPGs held at once) and once with ``host`` (the train WPG only; rollout WPGs reload from host).
-Columns: billed device-hours over async split's, completion time over isolated split's (and async
-split's and colocated's, for reference), held device-hours over the work floor. A benchmark: it
-prints a table (or JSON) and asserts nothing.
+With ``--seeds``, each row runs on every seed's drawn jobs and shows each ratio's median over them
+(one seed's completion ratios move by a few hundredths with the draw). Columns: billed device-hours
+over async split's, completion time over isolated split's (and async split's and colocated's, for
+reference), held device-hours over the work floor. A benchmark: it prints a table (or JSON) and
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -58,11 +61,25 @@ def workload(gpus: int, overrides: dict) -> Workload:
     return dataclasses.replace(w, name=f"{BASE.name}*", **overrides)
 
 
-def row(name: str, gpus: int, jobs: int, seed: int) -> dict:
+def row(name: str, gpus: int, jobs: int, seeds: list[int]) -> dict:
+    """One row: its ratios on each seed's jobs (``per_seed``) and, at the top level, each ratio's
+    median over the seeds (the seed alone when there is one)."""
     what, overrides = ROWS[name]
     w = workload(gpus, overrides)
+    per_seed = [one_seed(w, jobs, seed) for seed in seeds]
+    out: dict = {"row": name, "what": what}
+    for key, value in per_seed[0].items():
+        if isinstance(value, dict):
+            out[key] = {k: statistics.median(s[key][k] for s in per_seed) for k in value}
+        else:
+            out[key] = statistics.median(s[key] for s in per_seed)
+    out["per_seed"] = per_seed
+    return out
+
+
+def one_seed(w: Workload, jobs: int, seed: int) -> dict:
     plans = plan_all(w, generate_jobs(w, jobs, seed))
-    out = {"row": name, "what": what}
+    out: dict = {"seed": seed}
     modes = {m: summarise(run_mode(m, w, plans), plans) for m in DEDICATED}
     for sync in ("gang", "host"):
         t0 = time.perf_counter()
@@ -103,6 +120,8 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=512)
     ap.add_argument("--jobs", type=int, default=250)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default=None,
+                    help="comma-separated seeds, instead of --seed: each ratio is the median over them")
     ap.add_argument("--only", default=None, help="comma-separated rows (default: all)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -111,13 +130,20 @@ def main() -> int:
     if unknown:
         print(f"--only: unknown row(s) {', '.join(unknown)} (of {', '.join(ROWS)})", file=sys.stderr)
         return 2
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [args.seed]
+    except ValueError:
+        print(f"--seeds: expected comma-separated integers, got {args.seeds!r}", file=sys.stderr)
+        return 2
     rows = []
     for name in names:
-        rows.append(row(name, args.gpus, args.jobs, args.seed))
+        rows.append(row(name, args.gpus, args.jobs, seeds))
         print(f"  {name}: done", file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps({"gpus": args.gpus, "jobs": args.jobs, "seed": args.seed, "rows": rows}, indent=2))
+        print(json.dumps({"gpus": args.gpus, "jobs": args.jobs, "seeds": seeds, "rows": rows}, indent=2))
     else:
+        if len(seeds) > 1:
+            print(f"medians over seeds {', '.join(map(str, seeds))}")
         print(table(rows))
     return 0
 
