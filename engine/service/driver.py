@@ -96,9 +96,9 @@ class JobDriver:
             self.events.append("state", {"state": "failed", "reason": f"{type(exc).__name__}: {exc}"},
                                durable=True)
             raise
+        self._profile()  # before the job is seen to succeed: whoever sees that finds its profile written
         self.events.append("state", {"state": "succeeded"}, durable=True)
         self.events.append("summary", summary, durable=True)
-        self._profile()
         return summary
 
     def _profile(self) -> None:
