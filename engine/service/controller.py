@@ -579,7 +579,6 @@ class EngineService:
         fails with the reason. The earlier service's scheduler, if it lives on, orders calls of
         dead drivers on dead groups: it is stopped, and the next one starts with the tenants' book."""
         from engine.scheduler.live import SCHEDULER_NAME, stop_scheduler
-        from engine.service.driver import redone_after
 
         unfinished = [p for p in (self.data_dir / "jobs").glob("*/events.jsonl") if not has_ended(p)]
         if not unfinished:
@@ -611,9 +610,8 @@ class EngineService:
             if ran:
                 self.recoveries[job_id] = count
                 self.resuming.add(job_id)
-                _append(self.data_dir, job_id, "recovery", {
-                    "message": f"the engine service restarted; restart {count} of at most {self.config.max_recoveries}",
-                    "attempt": count, "redone_after_seq": redone_after(events)})
+                _append_recovery(self.data_dir, job_id, f"the engine service restarted; restart {count} of at most "
+                                 f"{self.config.max_recoveries}", count, events)
             self.jobs[job_id] = (spec, queued.get("tenant", ""))
             factor = priority_factor(queued.get("priority", "normal"))
             if factor != 1.0:
@@ -719,13 +717,19 @@ class EngineService:
         """Kill the job's driver (if alive), drop the calls and states it left, and log a
         ``recovery`` event: ``why``, the fault restarts so far, and the seq after which its work
         is redone (its last checkpoint's). Holds the lock."""
-        from engine.service.driver import redone_after
-
         self._stop_driver(job_id)
         self._drop_calls_and_states(job_id)
-        redone = redone_after(read_events(events_path(self.data_dir, job_id)))
-        _append(self.data_dir, job_id, "recovery", {"message": why, "attempt": self.recoveries.get(job_id, 0),
-                                                    "redone_after_seq": redone})
+        _append_recovery(self.data_dir, job_id, why, self.recoveries.get(job_id, 0),
+                         read_events(events_path(self.data_dir, job_id)))
+
+
+def _append_recovery(data_dir: Path, job_id: str, why: str, attempt: int, events: list[dict[str, Any]]) -> None:
+    """Log that the job restarts: ``why``, the fault restarts so far, and the seq after which its
+    work is redone (its last checkpoint's, from its ``events``)."""
+    from engine.service.driver import redone_after
+
+    _append(data_dir, job_id, "recovery",
+            {"message": why, "attempt": attempt, "redone_after_seq": redone_after(events)})
 
 
 def _append(data_dir: Path, job_id: str, kind: str, data: dict[str, Any]) -> None:

@@ -553,7 +553,7 @@ class PoolSimulation:
                 continue
             r, exec_s, _ = self.calls[(pool.name, d.call.id)]
             # the WPGs swap in parallel; the call holds all of its WPGs through the slowest swap
-            setup = max((self.swap_s(sched, d, g, now) for g in d.switches), default=0.0) if d.switches else 0.0
+            setup = max(self.swap_s(sched, d, g, now) for g in d.switches) if d.switches else 0.0
             self.switches += len(d.switches)
             self.calls[(pool.name, d.call.id)] = (r, exec_s, setup)
             self.push(now + setup + exec_s, "done", (pool, d.call.id))
