@@ -252,6 +252,12 @@ class _Job:
     urgent: bool = False
     checked: int = -1  # releases counted when it last looked for fresh WPGs
 
+    @property
+    def where(self) -> Placement:
+        """Where the admitted job runs."""
+        assert self.placed is not None, f"job {self.name!r} is not placed"
+        return self.placed
+
 
 @dataclass(frozen=True)
 class _Option:
@@ -546,23 +552,23 @@ class Placer:
 
     def _detach(self, job: _Job) -> None:
         """``job`` no longer uses the WPGs it was placed on (they stay, maybe empty)."""
-        for name in (*job.placed.rollout, job.placed.train):
+        for name in (*job.where.rollout, job.where.train):
             self.slots[name].drop(job.name)
 
     def _leave(self, job: _Job) -> list[Slot]:
         self._detach(job)
-        return list(self._release(job.placed))
+        return list(self._release(job.where))
 
     def _releases(self, job: _Job, option: _Option) -> bool:
         """Whether moving ``job`` as ``option`` says would leave one of its WPGs empty."""
         target = {*option.rollout, option.train}
-        return any(len(self.slots[n].jobs) == 1 and n not in target for n in (*job.placed.rollout, job.placed.train))
+        return any(len(self.slots[n].jobs) == 1 and n not in target for n in (*job.where.rollout, job.where.train))
 
     def _shift(self, job: _Job, measured: Demand) -> Placement | None:
         """Phase 2: the measured demand replaces the declared one where the job is; while jobs
         wait for room, it moves to the fullest WPGs that take it if that releases WPGs (or if
         where it is now breaks the limit)."""
-        placed = job.placed
+        placed = job.where
         job.demand = measured
         for name in placed.rollout:
             self.slots[name].put(job.name, measured.rollout)
@@ -584,7 +590,7 @@ class Placer:
     def _consolidate(self, job: _Job) -> Placement | None:
         """Move ``job`` onto the fullest WPGs that take it (no fresh ones), if it is alone on one
         of its WPGs and the move releases that one."""
-        placed = job.placed
+        placed = job.where
         own = [self.slots[n] for n in (*placed.rollout, placed.train)]
         if not any(len(s.jobs) == 1 for s in own):
             return None
@@ -599,7 +605,7 @@ class Placer:
         if job.checked == self._released:
             return None
         job.checked = self._released
-        placed = job.placed
+        placed = job.where
         if all(len(self.slots[n].jobs) == 1 for n in (*placed.rollout, placed.train)):
             return None
         option = self._best(job, job.demand, pack=False)

@@ -230,10 +230,10 @@ class Scheduler:
         self.aligner.remove_wpg(wpg.kind)
         self._free.discard(name)
         self.vclock.pop(name, None)
-        for key in [k for k in self.vtime if k[1] == name]:
-            del self.vtime[key]
-        for key in [k for k in self.switch_costs if k[1] == name]:
-            del self.switch_costs[key]
+        for share in [k for k in self.vtime if k[1] == name]:
+            del self.vtime[share]
+        for cost in [k for k in self.switch_costs if k[1] == name]:
+            del self.switch_costs[cost]
 
     def submit(self, job: str, role: str, fn: str, wpgs: tuple[str, ...] | list[str], now: float,
                tenant: str = "", *, stream: str = "", seq: int | None = None) -> Call:
@@ -344,11 +344,13 @@ class Scheduler:
         return (self.estimates.get(call.job, call.fn) + setup_s) * sum(self.wpgs[w].devices for w in call.wpgs)
 
     def set_switch_cost(self, deployment: Deployment, wpg: str, seconds: float) -> None:
-        self.switch_costs[(tuple(deployment), wpg)] = max(0.0, seconds)
+        job, role = deployment  # a list, from JSON, as well
+        self.switch_costs[((job, role), wpg)] = max(0.0, seconds)
 
     def evicted(self, wpg: str, deployment: Deployment) -> None:
         """The WPG no longer holds the deployment (dropped, or swapped out outside a call)."""
-        self.wpgs[wpg].resident.pop(tuple(deployment), None)
+        job, role = deployment
+        self.wpgs[wpg].resident.pop((job, role), None)
 
     # -- what the policy sees -------------------------------------------------------------------
     def eligible(self, now: float | None = None) -> list[Call]:
@@ -595,5 +597,5 @@ class Scheduler:
         self.not_before.pop(job, None)
         self.paused.discard(job)
         self.priorities.pop(job, None)
-        for key in [k for k in self.switch_costs if k[0][0] == job]:
-            del self.switch_costs[key]
+        for cost in [k for k in self.switch_costs if k[0][0] == job]:
+            del self.switch_costs[cost]

@@ -306,7 +306,7 @@ def make_pool(name: str, cls: str, policy: Policy, rollout: list[tuple[int, int]
               train: list[tuple[int, int]]) -> Pool:
     """A pool of WPGs given as (devices, job states held at once) per rollout and train WPG."""
     sched = Scheduler(policy)
-    wpgs = {"rollout": [], "train": []}
+    wpgs: dict[str, list[PoolWpg]] = {"rollout": [], "train": []}
     for kind, specs in (("rollout", rollout), ("train", train)):
         for j, (devices, capacity) in enumerate(specs):
             g = PoolWpg(f"{name}/{kind[0]}{j}", kind, devices)
@@ -463,7 +463,7 @@ class PoolSimulation:
             touched.append(best[0])
         return touched
 
-    def _best_pool(self, job: SimJob) -> tuple[Pool, tuple[list[int], int]] | None:
+    def _best_pool(self, job: SimJob) -> tuple[Pool, tuple[tuple[int, ...], int]] | None:
         """The pool (and its WPGs) that takes ``job`` with the lowest peak load, or the first that
         takes it without ``spread``; None if none does."""
         dr, dt = job.demand
@@ -480,7 +480,7 @@ class PoolSimulation:
                 break
         return None if best is None else (best[1], best[2])
 
-    def _start(self, job: SimJob, pool: Pool, pick: tuple[list[int], int], now: float) -> None:
+    def _start(self, job: SimJob, pool: Pool, pick: tuple[tuple[int, ...], int], now: float) -> None:
         dr, dt = job.demand
         ri, ti = pick
         for i in ri:
