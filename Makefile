@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo lint clean
+.PHONY: install test demo lint clean native
 
 # The browser tests (tests/platform/browser) drive the distribution's chromium, never a downloaded
 # one. Installed here when missing, as root on Debian; elsewhere install it yourself and point
@@ -41,6 +41,12 @@ demo: install
 lint: install
 	$(VENV)/bin/ruff check .
 	PYTHONPATH=platform:. $(VENV)/bin/lint-imports
+
+# Optional: the simulator's hot modules compiled with mypyc (engine/support/native.py), about 1.7x
+# as fast, used by `plexrl sim` while they match the sources. Takes a few minutes; not part of install.
+native: install
+	$(PIP) install -c constraints.txt -e '.[native]'
+	$(PY) -m engine.support.native
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

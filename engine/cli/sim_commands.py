@@ -89,6 +89,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
     if args.from_bench is not None:
         return _from_bench(args)
+    from engine.support import native
+
+    pure_because = native.enable()  # the compiled simulator (``make native``) where it matches the sources
     from engine.sim.report import plot, simulate, table
     from engine.sim.simulate import MODES
     from engine.sim.workload import PRESETS, generate_jobs, load_jobs_csv
@@ -131,6 +134,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     bar.close()
     report["seed"] = args.seed
+    report["sim_compiled"] = pure_because is None
+    report["sim_pure_python_because"] = pure_because
     report["trace"] = str(args.trace) if args.trace else None
     if args.plot is not None:
         plot(report, args.plot)

@@ -31,6 +31,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from engine.support import native  # noqa: E402
+
+PURE_BECAUSE = native.enable()  # the compiled simulator (``make native``) where it matches the sources
+
 from engine.sim.simulate import run_mode, summarise  # noqa: E402
 from engine.sim.workload import PRESETS, Shares, Workload, generate_jobs, plan_all  # noqa: E402
 
@@ -140,7 +144,8 @@ def main() -> int:
         rows.append(row(name, args.gpus, args.jobs, seeds))
         print(f"  {name}: done", file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps({"gpus": args.gpus, "jobs": args.jobs, "seeds": seeds, "rows": rows}, indent=2))
+        print(json.dumps({"gpus": args.gpus, "jobs": args.jobs, "seeds": seeds, "rows": rows,
+                          "sim_compiled": PURE_BECAUSE is None}, indent=2))
     else:
         if len(seeds) > 1:
             print(f"medians over seeds {', '.join(map(str, seeds))}")
