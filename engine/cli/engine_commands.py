@@ -305,13 +305,13 @@ def add_engine_commands(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command; bad input becomes one line on stderr and exit status 2, as does a
     platform's refusal (HTTP 4xx); a platform that is unreachable or fails (5xx), exit status 1."""
-    from engine.cli.restclient import ApiError, PlatformError
+    from plexrl_client import ApiError, PlexRLError
 
     try:
         return args.func(args)
     except (EngineError, SpecError) as exc:
         print(f"plexrl: error: {exc}", file=sys.stderr)
         return 2
-    except PlatformError as exc:
+    except PlexRLError as exc:
         print(f"plexrl: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ApiError) and exc.client_error else 1

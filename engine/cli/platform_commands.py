@@ -1,5 +1,5 @@
 """Platform commands of the ``plexrl`` CLI (``jobs ...``, ``billing report``, ``login``): a
-terminal on a running platform, through its REST API (``engine.cli.restclient``). Registered by
+terminal on a running platform, through its REST API (``plexrl_client``, the Python client). Registered by
 ``plexrl.py`` next to the engine's commands.
 
 Every command takes ``--url`` and ``--token``, defaulting to ``$PLEXRL_URL``
@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.cli.restclient import TERMINAL_STATES, PlatformClient
 from engine.errors import CliError
+from plexrl_client import TERMINAL_STATES, ServiceClient
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 # POST jobs/ fields a SPEC.json may hold beside the spec's own (JobSpec has none of these names).
@@ -76,15 +76,15 @@ def _base_url(args: argparse.Namespace) -> str:
     return args.url or os.environ.get("PLEXRL_URL") or DEFAULT_URL
 
 
-def _client(args: argparse.Namespace) -> PlatformClient:
+def _client(args: argparse.Namespace) -> ServiceClient:
     token = args.token or os.environ.get("PLEXRL_TOKEN")
     if not token:
         raise CliError("--token: no API token; pass --token or set PLEXRL_TOKEN "
                        "(export PLEXRL_TOKEN=$(plexrl login --username NAME))")
-    return PlatformClient(_base_url(args), token)
+    return ServiceClient(_base_url(args), token)
 
 
-def _job_page(client: PlatformClient, job_id: int) -> str:
+def _job_page(client: ServiceClient, job_id: int) -> str:
     return f"{client.url}/jobs/{job_id}/"
 
 
@@ -147,7 +147,7 @@ def cmd_login(args: argparse.Namespace) -> int:
         password = sys.stdin.readline().rstrip("\r\n")
     else:
         password = getpass.getpass(f"password of {args.username}: ")
-    print(PlatformClient.obtain_token(_base_url(args), args.username, password, organization=args.organization))
+    print(ServiceClient.obtain_token(_base_url(args), args.username, password, organization=args.organization))
     return 0
 
 

@@ -89,9 +89,9 @@ def run(url: str, token: str, jobs: int, steps: int, roots: list[int]) -> dict:
     import psutil
     from tqdm import tqdm
 
-    from engine.cli.restclient import PlatformClient
+    from plexrl_client import ServiceClient
 
-    client = PlatformClient(url, token, timeout=60)
+    client = ServiceClient(url, token, timeout=60)
     started = time.monotonic()
     ids = [client.submit(small_spec(steps, seed=i), name=f"load {i}")["id"] for i in range(jobs)]
     submit_s = time.monotonic() - started

@@ -1,4 +1,4 @@
-"""The REST client (``engine.cli.restclient``) and the ``plexrl`` platform commands against a live
+"""The REST client (``plexrl_client``) and the ``plexrl`` platform commands against a live
 server: daphne on the test database, the CLI in subprocesses. No Celery worker runs, so jobs never
 reach the engine; their metrics, usage and state changes are ingested from here, as the worker's
 event pull would."""
@@ -16,8 +16,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.cli import restclient
-from engine.cli.restclient import ApiError, PlatformClient, Unreachable
+from plexrl_client import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    NotFound,
+    PlexRLError,
+    ServiceClient,
+    Unauthorized,
+    Unreachable,
+)
+from plexrl_client import client as client_module
 from tests.platform import live
 
 SPEC = {"task": "arith", "model": "tiny-arith", "steps": 5, "seed": 1, "rollout": "torch", "trainer": "torch"}
@@ -49,7 +58,7 @@ class Org:
         self.organization = organization_create(name=name.capitalize(), owner=self.owner)
         _, self.token = token_create(user=self.owner, organization=self.organization, name="test")
         self.url = url
-        self.client = PlatformClient(url, self.token, timeout=10)
+        self.client = ServiceClient(url, self.token, timeout=10)
 
     def cli(self, *args: str, token: str | None = None, url: str | None = None, stdin: str | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess:
@@ -122,10 +131,10 @@ def test_obtain_token_trades_a_password_for_a_working_token(acme):
     acme.owner.password = hasher.encode(PASSWORD, hasher.salt())
     acme.owner.save()
 
-    token = PlatformClient.obtain_token(acme.url, acme.owner.username, PASSWORD)
-    assert PlatformClient(acme.url, token).jobs() == []
-    with pytest.raises(ApiError) as err:
-        PlatformClient.obtain_token(acme.url, acme.owner.username, "wrong")
+    token = ServiceClient.obtain_token(acme.url, acme.owner.username, PASSWORD)
+    assert ServiceClient(acme.url, token).jobs() == []
+    with pytest.raises(BadRequest) as err:
+        ServiceClient.obtain_token(acme.url, acme.owner.username, "wrong")
     assert err.value.status == 400
     assert str(err.value) == "HTTP 400: Unable to log in with the given username and password."
 
@@ -133,7 +142,7 @@ def test_obtain_token_trades_a_password_for_a_working_token(acme):
     assert login.returncode == 0, login.stderr
     printed = login.stdout.splitlines()
     assert len(printed) == 1  # the token alone: export PLEXRL_TOKEN=$(plexrl login ...)
-    assert PlatformClient(acme.url, printed[0]).jobs() == []
+    assert ServiceClient(acme.url, printed[0]).jobs() == []
 
 
 def test_submit_creates_a_job_and_an_invalid_one_nothing(acme):
@@ -150,7 +159,7 @@ def test_submit_creates_a_job_and_an_invalid_one_nothing(acme):
                         (SPEC | {"task": "poetry"}, "spec.task"),
                         (SPEC | {"stepz": 3}, "spec.stepz"),
                         (SPEC | {"grpo": {"lr": -1}}, "spec.grpo.lr")):
-        with pytest.raises(ApiError) as err:
+        with pytest.raises(BadRequest) as err:
             acme.client.submit(spec)
         assert err.value.status == 400
         assert field in err.value.errors, err.value.errors
@@ -163,7 +172,7 @@ def test_submit_creates_a_job_and_an_invalid_one_nothing(acme):
 
 
 def test_client_lists_shows_and_acts_on_jobs(acme, globex, monkeypatch):
-    monkeypatch.setattr(restclient, "PAGE_SIZE", 2)  # three jobs: two pages
+    monkeypatch.setattr(client_module, "PAGE_SIZE", 2)  # three jobs: two pages
     ids = [acme.client.submit(SPEC, name=f"job {i}")["id"] for i in range(3)]
     globex.client.submit(SPEC, name="theirs")
 
@@ -174,7 +183,7 @@ def test_client_lists_shows_and_acts_on_jobs(acme, globex, monkeypatch):
     cancelled = acme.client.cancel(ids[1], reason="wrong seed")
     assert (cancelled["state"], cancelled["state_reason"]) == ("cancelled", "wrong seed")
     assert acme.client.job(ids[1])["state"] == "cancelled"
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(Conflict) as err:
         acme.client.resume(ids[1])
     assert err.value.status == 409
     assert "only a paused job can be resumed" in str(err.value)
@@ -341,11 +350,16 @@ def test_billing_report_shows_each_jobs_savings_and_the_csv_is_the_servers(acme)
 @pytest.mark.slow
 def test_errors_are_one_line_with_exit_status_2_for_bad_input_and_1_when_unreachable(acme, globex):
     theirs = globex.client.submit(SPEC, name="theirs")["id"]
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(NotFound) as err:
         acme.client.job(theirs)
     assert (err.value.status, str(err.value)) == (404, "HTTP 404: No Job matches the given query.")
+    with pytest.raises(Unauthorized) as err:
+        ServiceClient(acme.url, "plexrl_nonsense").jobs()
+    assert err.value.status == 401
+    assert isinstance(err.value, ApiError)
+    assert isinstance(err.value, PlexRLError)
     with pytest.raises(Unreachable, match=r"^cannot reach the platform at http://127\.0\.0\.1:9/api/v1/jobs/: "):
-        PlatformClient("http://127.0.0.1:9", "x").jobs()
+        ServiceClient("http://127.0.0.1:9", "x").jobs()
 
     runs = {  # independent commands, run side by side
         "other org": acme.start_cli("jobs", "show", str(theirs)),

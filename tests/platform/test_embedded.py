@@ -26,7 +26,7 @@ SPEC = {"task": "arith", "model": "tiny-arith", "steps": 3, "seed": 2, "rollout"
 def test_plexrl_up_runs_a_job_end_to_end_and_stops_cleanly_on_ctrl_c(engine_home, tmp_path):
     from websockets.sync.client import connect
 
-    from engine.cli.restclient import PlatformClient
+    from plexrl_client import ServiceClient
 
     home = tmp_path / "home"
     (home / "models").mkdir(parents=True)
@@ -48,7 +48,7 @@ def test_plexrl_up_runs_a_job_end_to_end_and_stops_cleanly_on_ctrl_c(engine_home
 
         manage("create_organization", "Lab", "--owner", "ada", "--password", "a-long-pass-phrase")
         token = manage("create_token", "ada")
-        client = PlatformClient(url, token, timeout=30)
+        client = ServiceClient(url, token, timeout=30)
         job = client.submit(SPEC, name="embedded")
 
         points, states = set(), []

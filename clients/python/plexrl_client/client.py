@@ -1,20 +1,22 @@
-"""A Python client of the platform's REST API (``/api/v1/``), for users' scripts and the ``plexrl``
-platform commands (``engine.cli.platform_commands``). Standard library only (urllib, json): it runs
-wherever ``engine`` does, with no Django and no HTTP library to install.
+"""The client of the platform's REST API (``/api/v1/``): users' scripts and the ``plexrl`` platform
+commands (``engine.cli.platform_commands``) use this one. Standard library only (urllib, json):
+it installs on its own (``pip install ./clients/python``), with no Django, torch, Ray or HTTP
+library.
 
 Usage::
 
-    from engine.cli.restclient import PlatformClient
+    from plexrl_client import ServiceClient
 
-    token = PlatformClient.obtain_token("http://127.0.0.1:8000", "ada", "secret")
-    client = PlatformClient("http://127.0.0.1:8000", token)
+    token = ServiceClient.obtain_token("http://127.0.0.1:8000", "ada", "secret")
+    client = ServiceClient("http://127.0.0.1:8000", token)
     job = client.submit({"task": "arith", "model": "tiny-arith", "steps": 20}, name="try")
     for update in client.watch(job["id"]):
         print(update.kind, update.data)
 
 Every method returns the API's JSON (dicts and lists, as ``/api/schema/`` describes them). A
-refusal by the server raises ``ApiError`` (its status and field errors); a server that cannot be
-reached raises ``Unreachable``, naming the URL.
+refusal by the server raises an ``ApiError`` (its status and field errors), of the subclass for its
+status (``BadRequest``, ``NotFound``, ``Conflict``, ...); a server that cannot be reached raises
+``Unreachable``, naming the URL. All are ``PlexRLError``s.
 """
 
 from __future__ import annotations
@@ -27,48 +29,17 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from plexrl_client.errors import Unreachable, api_error, flatten
+
 API_PREFIX = "/api/v1/"
 # The job states after which nothing changes (``jobs.models.TERMINAL_STATES``, by value: the
-# engine never imports the platform).
+# client never imports the platform).
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 PAGE_SIZE = 200  # the API's largest page (``accounts.pagination.StandardPagination``)
 
 
-class PlatformError(Exception):
-    """Base class of the client's errors."""
-
-
-class ApiError(PlatformError):
-    """The server answered with an error status.
-
-    ``status``: the HTTP status; ``errors``: the server's errors as ``{field: [message, ...]}``,
-    nested fields dotted (``spec.steps``), messages without a field under ``detail``; ``url``: the
-    URL asked. ``str()`` is one line: ``HTTP 400: spec.steps: must be a positive integer, got 0``.
-    """
-
-    def __init__(self, status: int, errors: dict[str, list[str]], url: str):
-        self.status = status
-        self.errors = errors
-        self.url = url
-        super().__init__(f"HTTP {status}: {_one_line(errors) or 'no details'}")
-
-    @property
-    def client_error(self) -> bool:
-        """A 4xx: the request was wrong (bad input, bad token, not found, a state that forbids it)."""
-        return 400 <= self.status < 500
-
-
-class Unreachable(PlatformError):
-    """No HTTP answer: the connection failed or timed out. ``url``: the URL asked."""
-
-    def __init__(self, url: str, reason: str):
-        self.url = url
-        self.reason = reason
-        super().__init__(f"cannot reach the platform at {url}: {reason}")
-
-
 class Update(NamedTuple):
-    """What ``PlatformClient.watch`` yields: ``kind`` "metrics" with one step's metrics (``data``
+    """What ``ServiceClient.watch`` yields: ``kind`` "metrics" with one step's metrics (``data``
     has ``step``, ``reward_mean``, ...), or "state" with the job (as ``job()`` returns it) when its
     state changed."""
 
@@ -76,35 +47,7 @@ class Update(NamedTuple):
     data: dict[str, Any]
 
 
-def _flatten(errors: Any, prefix: str = "") -> dict[str, list[str]]:
-    """DRF's error shapes (``{"detail": "..."}``, ``{"field": ["..."]}``, nested dicts, lists)
-    as ``{dotted.field: [message, ...]}``; messages without a field go under ``detail``."""
-    if isinstance(errors, dict):
-        out: dict[str, list[str]] = {}
-        for key, value in errors.items():
-            name = "detail" if key in ("detail", "non_field_errors") and not prefix else (
-                f"{prefix}.{key}" if prefix else str(key))
-            for field, messages in _flatten(value, name).items():
-                out.setdefault(field, []).extend(messages)
-        return out
-    if isinstance(errors, list):
-        out = {}
-        for item in errors:
-            for field, messages in _flatten(item, prefix).items():
-                out.setdefault(field, []).extend(messages)
-        return out
-    return {prefix or "detail": [str(errors)]}
-
-
-def _one_line(errors: dict[str, list[str]]) -> str:
-    parts = []
-    for field, messages in errors.items():
-        text = " ".join(" ".join(m.split()) for m in messages)  # server messages may hold newlines
-        parts.append(text if field == "detail" else f"{field}: {text}")
-    return "; ".join(parts)
-
-
-class PlatformClient:
+class ServiceClient:
     """The REST API of one platform, acting with one token (so in the token's organization).
 
     ``url``: the platform's base URL (``http://127.0.0.1:8000``); ``token``: an API token (from
@@ -142,11 +85,11 @@ class PlatformClient:
         except urllib.error.HTTPError as exc:
             raw = exc.read()
             try:
-                errors = _flatten(json.loads(raw))
+                errors = flatten(json.loads(raw))
             except ValueError:  # not JSON: a proxy's page, a server crash without DEBUG
                 text = " ".join(raw.decode(errors="replace").split())[:200]
                 errors = {"detail": [text or exc.reason or "no details"]}
-            raise ApiError(exc.code, errors, url) from None
+            raise api_error(exc.code, errors, url) from None
         except urllib.error.URLError as exc:
             reason = exc.reason  # an OSError (refused, unknown host, timed out) or a string
             if isinstance(reason, TimeoutError):
@@ -186,7 +129,7 @@ class PlatformClient:
         token's plaintext, shown this once. ``organization`` (id or slug): needed when the user
         belongs to several::
 
-            token = PlatformClient.obtain_token("http://127.0.0.1:8000", "ada", "secret")
+            token = ServiceClient.obtain_token("http://127.0.0.1:8000", "ada", "secret")
         """
         body = {"username": username, "password": password, "name": name}
         if organization:
@@ -204,7 +147,7 @@ class PlatformClient:
         ``grpo: {...}``, ...; missing fields take their defaults). ``rollout_devices``,
         ``train_devices`` and ``deployment_mode`` (``async_split``, ``isolated_split``,
         ``colocated``) declare the dedicated deployment the savings compare with. An invalid spec
-        raises ``ApiError`` 400 naming the field (``spec.steps``)::
+        raises ``BadRequest`` (400) naming the field (``spec.steps``)::
 
             job = client.submit({"task": "arith", "steps": 50, "grpo": {"lr": 1e-4}}, name="lr-1e-4")
         """
@@ -218,7 +161,7 @@ class PlatformClient:
         nothing is created): ``dedicated_device_hours`` (its declared dedicated deployment),
         ``multiplexed_device_hours`` (what it would be billed), ``savings``, ``step_seconds`` and
         ``basis`` ("profile": from a finished job of the same shape; "model": the cost model).
-        An invalid spec raises ``ApiError`` 400 naming the field, as ``submit`` does."""
+        An invalid spec raises ``BadRequest`` (400) naming the field, as ``submit`` does."""
         return self._json("POST", "jobs/estimate/", body={
             "spec": spec, "rollout_devices": rollout_devices, "train_devices": train_devices,
             "deployment_mode": deployment_mode})
@@ -233,7 +176,7 @@ class PlatformClient:
         return self._json("GET", f"jobs/{int(job_id)}/")
 
     def cancel(self, job_id: int, reason: str = "") -> dict[str, Any]:
-        """Cancel a job that has not finished (409 for one that has); returns the job."""
+        """Cancel a job that has not finished (409, ``Conflict``, for one that has); returns the job."""
         return self._json("POST", f"jobs/{int(job_id)}/cancel/", body={"reason": reason})
 
     def pause(self, job_id: int) -> dict[str, Any]:
