@@ -123,7 +123,7 @@ def table(report: dict[str, Any]) -> str:
         f"{pct(c['actual_over_peak_colocated'])} (paper: {PAPER['actual_over_peak_plexrl']} vs "
         f"{PAPER['actual_over_peak_colocated']})",
         f"simulated in {report['sim_wall_seconds']:.1f} s"
-        + ("" if report.get("sim_compiled", True) else f", pure Python ({report.get('sim_pure_python_because')})"),
+        + (f", pure Python ({why})" if (why := report.get("sim_pure_python_because")) else ""),
     ]
     return "\n".join(rows)
 

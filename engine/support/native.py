@@ -53,14 +53,13 @@ def _source(module: str, root: Path = ROOT) -> Path:
 
 def _engine_imports(module: str, root: Path) -> set[str]:
     """The engine modules ``module``'s source imports (at any depth of its code)."""
-    found = set()
+    names: set[str] = set()
     for node in ast.walk(ast.parse(_source(module, root).read_text())):
-        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
-            [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-        for name in names:
-            if name.startswith("engine.") and _source(name, root).is_file():
-                found.add(name)
-    return found
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return {name for name in names if name.startswith("engine.") and _source(name, root).is_file()}
 
 
 def digests(root: Path = ROOT) -> dict[str, str]:
@@ -89,11 +88,9 @@ def stale(dest: Path = DEFAULT_DIR, root: Path = ROOT) -> str | None:
         return f"not built ({dest} has no {MANIFEST}; run `make native`)"
     if manifest.get("abi") != _abi():
         return f"built for another interpreter ({manifest.get('abi')}, this one takes {_abi()})"
-    current = digests(root)
-    for module in sorted(set(current) | set(manifest.get("sources", {}))):
-        if manifest.get("sources", {}).get(module) != current.get(module):
-            return f"{module} changed since the build (run `make native`)"
-    return None
+    built, current = manifest.get("sources", {}), digests(root)
+    changed = sorted(m for m in set(built) | set(current) if built.get(m) != current.get(m))
+    return f"{changed[0]} changed since the build (run `make native`)" if changed else None
 
 
 def build(dest: Path = DEFAULT_DIR, *, verbose: bool = False) -> Path:
@@ -141,18 +138,19 @@ def enable(dest: Path = DEFAULT_DIR) -> str | None:
         return f"{loaded[0]} was imported from its source already"
     if str(dest) not in sys.path:
         sys.path.append(str(dest))  # the shared library, under a name of its own
-    packages = sorted({m.rpartition(".")[0] for m in MODULES})
-    for name in packages:
-        path = importlib.import_module(name).__path__
-        path.insert(0, str(dest / name.replace(".", "/")))
+    # each package's search path, and the folder of its compiled modules
+    paths = [(importlib.import_module(name).__path__, str(dest / name.replace(".", "/")))
+             for name in sorted({m.rpartition(".")[0] for m in MODULES})]
+    for path, folder in paths:
+        path.insert(0, folder)
     try:
         for module in MODULES:
             importlib.import_module(module)
     except ImportError as exc:  # a build this interpreter cannot load: back to the sources
         for module in MODULES:
             sys.modules.pop(module, None)
-        for name in packages:
-            importlib.import_module(name).__path__.remove(str(dest / name.replace(".", "/")))
+        for path, folder in paths:
+            path.remove(folder)
         return f"the build does not load ({exc})"
     return None
 
