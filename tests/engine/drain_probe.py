@@ -1,11 +1,12 @@
 """Run by ``test_recovery``: a Ray cluster of three nodes on this machine (a head node with no
 device slots, where the platform's process runs, and two worker nodes of one device slot each, a
-node group each) with the engine service on it. A job runs; once it has logged step 2, an admin
-drains the worker node its groups are on (``EngineClient.drain``, what ``plexrl engine drain`` calls):
-the job must go on on the other node. Prints one JSON object: the job's events, the node drained,
-the drain's answer, where the groups were after, the nodes as the snapshot lists them, and a
-second job's status, submitted after the drain while the other node is busy. A process of its own:
-the test session's Ray is another cluster. ``PLEXRL_HOME`` names where the presets are built."""
+node group each) with the engine service on it. A job runs; once it has logged step 1 it is paused
+(``pause_after_step``) and an admin drains the worker node its groups are on
+(``EngineClient.drain``, what ``plexrl engine drain`` calls): the job, resumed, must go on on the
+other node. Prints one JSON object: the job's events, the node drained, the drain's answer, where
+the groups were after, the nodes as the snapshot lists them, and a second job's status, submitted
+after the drain while the other node is busy. A process of its own: the test session's Ray is
+another cluster. ``PLEXRL_HOME`` names where the presets are built."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from engine.control import EngineClient
 from engine.spec import JobSpec, ServiceConfig
-from tests.engine.service_helpers import finished, metrics, wait_for, worker_nodes
+from tests.engine.service_helpers import finished, pause_after_step, wait_for, worker_nodes
 
 
 def main(data_dir: Path, spec: dict) -> None:
@@ -25,12 +26,13 @@ def main(data_dir: Path, spec: dict) -> None:
                                                                       job_demand=1.0, group_load_limit=1.0))
         try:
             client.submit_job("mn-drain", JobSpec.from_dict(spec))
-            wait_for(client, "mn-drain", lambda ev: any(m["step"] >= 2 for m in metrics(ev)), timeout=240)
+            pause_after_step(client, "mn-drain", 1)
             (node,) = {w["node"] for w in client.cluster_snapshot()["wpgs"]}
             answer = client.drain(node[:10])  # a prefix names it
             client.submit_job("mn-after", JobSpec.from_dict({**spec, "steps": 1}))  # the drained node takes none
             during = client.cluster_snapshot()
             after_status = client.status("mn-after")
+            client.resume("mn-drain")
             events = wait_for(client, "mn-drain", finished, timeout=300)
             after = wait_for(client, "mn-after", finished, timeout=300)
             print(json.dumps({

@@ -27,6 +27,16 @@ def wait_for(engine: EngineClient, job: str, predicate, timeout: float = 180.0) 
     raise AssertionError(f"{job}: condition not met in {timeout} s; last events {seen[-3:]}")
 
 
+def pause_after_step(engine: EngineClient, job: str, step: int, timeout: float = 240.0) -> None:
+    """Pause ``job`` once it has logged ``step`` (its checkpoint then exists), so that what a test
+    does to it next happens mid-run: a tiny job's step takes a fraction of a second, and one left
+    running could end before a fault or a drain reaches it. The step running then finishes; no
+    other starts until ``engine.resume(job)``."""
+    wait_for(engine, job, lambda events: any(m["step"] >= step for m in metrics(events)), timeout=timeout)
+    answer = engine.pause(job)
+    assert answer["state"] == "paused", f"{job} was no longer running to pause: {answer}"
+
+
 def states(events: list[dict]) -> list[str]:
     return [e["data"]["state"] for e in events if e["kind"] == "state"]
 

@@ -22,7 +22,7 @@ import ray
 from engine.control import EngineClient
 from engine.spec import GRPOConfig, JobSpec, ServiceConfig
 from engine.workers import faults
-from tests.engine.service_helpers import finished, metrics, states, wait_for
+from tests.engine.service_helpers import finished, metrics, pause_after_step, states, wait_for
 
 # seed 0: every step has groups with mixed rewards, so every step trains (a resumed job must have
 # its weights and optimizer state back to learn the same)
@@ -103,14 +103,16 @@ def wait_for_step(engine: EngineClient, job: str, step: int) -> None:
 
 def test_a_driver_killed_mid_run_resumes_from_its_checkpoint(engine, plain):
     engine.submit_job("rec-driver", SPEC)
-    wait_for_step(engine, "rec-driver", 2)
+    pause_after_step(engine, "rec-driver", 1)  # so that it cannot end before the kill
     ray.kill(ray.get_actor("driver:rec-driver"), no_restart=True)
+    wait_for(engine, "rec-driver", recoveries)  # its new driver is there, paused as the job was
+    assert engine.resume("rec-driver")["state"] == "running"
     events = wait_for(engine, "rec-driver", finished)
     assert_recovered(events, plain)
     resumed = [e["data"]["message"] for e in events
                if e["kind"] == "log" and e["data"]["message"].startswith("resumed after step ")]
     assert len(resumed) == 1
-    # killed once step 2 was logged: before or after its checkpoint, or during step 3
+    # killed once step 1 was logged and the job paused: before or after a checkpoint, or mid-step
     assert resumed[0] in {f"resumed after step {n} from checkpoint step-{n}" for n in (1, 2, 3)}
 
 
@@ -250,10 +252,10 @@ def test_a_restarted_scheduler_has_the_tenants_weights_budgets_and_priorities_ba
 @pytest.mark.timeout(600)
 def test_a_worker_node_lost_mid_run_takes_no_control_plane_and_its_job_resumes_on_another(plain, plexrl_home,
                                                                                           tmp_path):
-    """Several Ray nodes (``node_fault_probe``): the node a job's groups run on is removed once
-    step 2 is logged; the engine service, the scheduler and the driver live on the head, so they
-    outlive it; the groups start again on the other worker node and the job ends as the
-    undisturbed run on this one node did."""
+    """Several Ray nodes (``node_fault_probe``): the node a job's groups run on is removed while
+    the job is paused after step 1, and the job resumed; the engine service, the scheduler and the
+    driver live on the head, so they outlive it; the groups start again on the other worker node
+    and the job ends as the undisturbed run on this one node did."""
     env = {**os.environ, "PLEXRL_HOME": str(plexrl_home)}
     done = subprocess.run([sys.executable, "-m", "tests.engine.node_fault_probe", str(tmp_path),
                            json.dumps(SPEC.to_dict())], capture_output=True, text=True, timeout=580, env=env)
@@ -270,9 +272,10 @@ def test_a_worker_node_lost_mid_run_takes_no_control_plane_and_its_job_resumes_o
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_drained_node_hands_its_job_to_another_and_takes_no_new_one(plain, plexrl_home, tmp_path):
-    """Several Ray nodes (``drain_probe``): the node a job runs on is drained once step 2 is logged;
-    the job resumes on the other node from its last checkpoint and ends as the undisturbed run
-    did; a job submitted then waits for the other node rather than going to the drained one."""
+    """Several Ray nodes (``drain_probe``): the node a job runs on is drained while the job is
+    paused after step 1; resumed, it goes on on the other node from its last checkpoint and ends
+    as the undisturbed run did; a job submitted then waits for the other node rather than going
+    to the drained one."""
     env = {**os.environ, "PLEXRL_HOME": str(plexrl_home)}
     done = subprocess.run([sys.executable, "-m", "tests.engine.drain_probe", str(tmp_path),
                            json.dumps(SPEC.to_dict())], capture_output=True, text=True, timeout=580, env=env)
