@@ -54,7 +54,7 @@ class EventSink(Protocol):
 
 
 @lru_cache(maxsize=16)
-def _load_tokenizer(model_dir: str):
+def load_tokenizer(model_dir: str):
     return load_plain_tokenizer(model_dir)
 
 
@@ -136,8 +136,8 @@ class Client:
         """The model's tokenizer, loaded locally from its preset or folder (``PlainTokenizer`` where it
         has a ``tokenizer.json``: encoding then loads no torch into the caller)."""
         if isinstance(handle_or_base, ModelHandle):
-            return _load_tokenizer(str(handle_or_base.model_dir))
-        return _load_tokenizer(str(resolve_model(handle_or_base)))
+            return load_tokenizer(str(handle_or_base.model_dir))
+        return load_tokenizer(str(resolve_model(handle_or_base)))
 
     def log_metrics(self, step: int, values: dict[str, Any]) -> None:
         """Append a step's metrics to the job's event log (durably: a step boundary). The next

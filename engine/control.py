@@ -31,7 +31,7 @@ from typing import Any
 
 from engine.accounting.estimate import estimate
 from engine.accounting.metering import LedgerTotals, ledger_totals, record_rows, savings_of_rows, savings_of_totals
-from engine.errors import UnknownService
+from engine.errors import SessionClosed, UnknownService
 from engine.models import PRESETS, is_model_dir, preset_dir, resolve_model
 from engine.paths import plexrl_home
 from engine.scheduler.core import Policy
@@ -86,6 +86,7 @@ class EngineClient:
         self.timeout_s = timeout_s
         self.config = config or ServiceConfig()
         self.create = create
+        self._sessions: dict[str, Any] = {}  # session -> its driver, as the service named it
         if not create:
             try:
                 self.actor = ray.get_actor(SERVICE_NAME, namespace="plexrl")
@@ -170,6 +171,40 @@ class EngineClient:
     def pause(self, job_id: str) -> dict[str, Any]:
         return self._call("pause", job_id)
 
+    # -- sessions: a job whose loop is the tenant's (JobSpec(algorithm="session")) ----------------
+    def session_submit(self, job_id: str, seq: int, fn: str, args: dict[str, Any], *,
+                       wait_s: float | None = None) -> SessionCall:
+        """Send call number ``seq`` (from 1, each once; ``engine.service.session``) of session
+        ``job_id``: ``fn`` with its JSON ``args``. Returns at once, the call being queued; its
+        ``result()`` is the JSON result. Waits up to ``wait_s`` (None: ``timeout_s``) for a session
+        still queued for groups. SessionClosed: it has ended; ValueError: it is not a session."""
+        import ray
+
+        driver = self._sessions.get(job_id)
+        if driver is None:
+            deadline = time.monotonic() + (self.timeout_s if wait_s is None else wait_s)
+            while (driver := self._call("session", job_id)) is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"session {job_id} is still queued for worker groups")
+                time.sleep(0.2)
+            self._sessions[job_id] = driver
+        return SessionCall(self, job_id, driver.call.remote(seq, fn, args), ray)
+
+    def session_loop(self, job_id: str, model: str) -> Any:
+        """A ``RemoteClient`` (the function API's ``Client``) whose calls go to session ``job_id``
+        (opened on ``model``), numbered from 1 in the order the loop makes them."""
+        import itertools
+
+        from engine.service.remote_loop import RemoteClient
+
+        numbers = itertools.count(1)
+        return RemoteClient(lambda fn, args: self.session_submit(job_id, next(numbers), fn, args), model)
+
+    def session_call(self, job_id: str, seq: int, fn: str, args: dict[str, Any], *,
+                     wait_s: float | None = None) -> dict[str, Any]:
+        """``session_submit(...).result()``: the call's JSON result once it has run."""
+        return self.session_submit(job_id, seq, fn, args, wait_s=wait_s).result(wait_s)
+
     def resume(self, job_id: str) -> dict[str, Any]:
         return self._call("resume", job_id)
 
@@ -193,6 +228,24 @@ class EngineClient:
 
         self._call("shutdown")
         ray.kill(self.actor)
+
+
+class SessionCall:
+    """A session call on its way (``EngineClient.session_submit``); ``result()`` waits for it."""
+
+    def __init__(self, client: EngineClient, job_id: str, ref: Any, ray: Any):
+        self._client, self._job, self._ref, self._ray = client, job_id, ref, ray
+
+    def result(self, timeout: float | None = None) -> dict[str, Any]:
+        ray = self._ray
+        try:
+            return ray.get(self._ref, timeout=timeout)
+        except ray.exceptions.RayTaskError as exc:
+            raise exc.as_instanceof_cause() from None
+        except ray.exceptions.RayActorError:  # its driver is gone: the session ended meanwhile
+            self._client._sessions.pop(self._job, None)
+            status = self._client.status(self._job)
+            raise SessionClosed(self._job, status.get("reason") or status.get("state", "ended")) from None
 
 
 def _check_budget(device_seconds: float | None) -> None:

@@ -49,6 +49,18 @@ class UnknownJob(KeyError):
     """No job with that id was ever submitted to this engine."""
 
 
+class SessionClosed(EngineError):
+    """A call came for a session that has ended (closed by its tenant, idle too long, failed,
+    cancelled): nothing was run (HTTP 409)."""
+
+    def __init__(self, job: str, why: str):
+        super().__init__(f"session {job} is closed: {why}")
+        self.job, self.why = job, why
+
+    def __reduce__(self):  # survives pickling (a Ray actor raising it to its caller)
+        return type(self), (self.job, self.why)
+
+
 class EngineFault(RuntimeError):
     """A part of the engine died under a job (a worker rank, the scheduler, the job's driver), not
     the job's own doing: the engine service restarts what died and resumes the job from its last

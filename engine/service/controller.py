@@ -33,7 +33,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from engine.errors import EngineError, UnknownJob, fault_reason, is_engine_fault
+from engine.errors import EngineError, SessionClosed, UnknownJob, fault_reason, is_engine_fault
 from engine.paths import events_path
 from engine.service.cluster import (
     architecture,
@@ -46,7 +46,7 @@ from engine.service.cluster import (
 from engine.service.eventlog import TERMINAL_STATES, EventLog, LogEnded, has_ended, read_events
 from engine.service.placing import GroupKey, LiveGroup, admission_round, declared, group_keys, live_policy
 from engine.service.tenants import TenantBook
-from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
+from engine.spec import SESSION, JobSpec, ServiceConfig, check_job_id, priority_factor
 from engine.support.atomic_json import write_json
 from engine.support.local_node import here
 
@@ -57,6 +57,8 @@ MAX_EVENTS = 10_000  # per events() call
 ADMIT_EVERY_S = 2.0  # while jobs wait, how often the service looks for room again
 RELEASE_WAIT_S = 10.0  # the most a released group's slots take to show free in Ray's view
 DRAINED_FILE = "drained_nodes.json"  # under the data directory: the nodes an admin drained
+SESSION_NOT_RESUMED = ("a session is not restarted (its loop runs at the tenant): open another and "
+                       "load its last checkpoint")
 PING_WAIT_S = 10.0  # while healing, how long a rank has to answer before it counts as alive but busy
 
 
@@ -274,14 +276,21 @@ class EngineService:
     def _start_driver(self, job_id: str, *, resume: bool = False) -> None:
         """Start the job's driver (``resume``: it replaces one that died). Holds the lock."""
         from engine.service.driver import JobDriver
+        from engine.service.session import PIPELINE, SessionDriver
 
         self._scheduler()  # one started here, not by the driver's router, has the tenants' weights and budgets
         spec, tenant = self.jobs[job_id]
         groups = [self.groups[name] for name in self.job_groups[job_id]]
+        log = str(events_path(self.data_dir, job_id))
         # beside this service (a worker node's loss leaves it running) and the scheduler (whose
         # node-local socket its router then uses)
-        driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2, scheduling_strategy=here()).remote(
-            job_id, spec, groups, str(events_path(self.data_dir, job_id)), tenant, resume)
+        if spec.algorithm == SESSION:  # its run, its note and close, and the tenant's calls at once
+            driver = SessionDriver.options(name=f"driver:{job_id}", max_concurrency=PIPELINE + 3,
+                                           scheduling_strategy=here()).remote(
+                job_id, spec, groups, log, tenant, self.config.session_idle_s)
+        else:
+            driver = JobDriver.options(name=f"driver:{job_id}", max_concurrency=2, scheduling_strategy=here()).remote(
+                job_id, spec, groups, log, tenant, resume)
         self.drivers[job_id] = driver
         self.runs[job_id] = driver.run.remote()
 
@@ -327,6 +336,21 @@ class EngineService:
         if job_id in self.waiting:  # queued here for device slots: no driver, no actor of its own
             out.update(position=self.waiting.index(job_id) + 1, reason=self.reasons.get(job_id, ""))
         return out
+
+    def session(self, job_id: str) -> Any:
+        """The driver of session ``job_id`` to send its calls to; None while it waits for groups.
+        SessionClosed: it has ended (why, from its log); ValueError: the job is not a session."""
+        status = self.status(job_id)
+        spec = next((e["data"] for e in read_events(events_path(self.data_dir, job_id), limit=4)
+                     if e["kind"] == "spec"), {})
+        if spec.get("algorithm") != SESSION:
+            raise ValueError(f"job {job_id} is not a session: it runs the {spec.get('algorithm')} algorithm itself")
+        with self.lock:
+            if job_id in self.drivers and job_id not in self.cancelling:
+                return self.drivers[job_id]
+            if job_id in self.jobs and status.get("state") not in TERMINAL_STATES:
+                return None  # queued for groups
+        raise SessionClosed(job_id, status.get("reason") or status.get("state", "ended"))
 
     def events(self, job_id: str, after_seq: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
         path = events_path(self.data_dir, job_id)
@@ -601,6 +625,10 @@ class EngineService:
                                                          f"restarted and cannot resume it: {exc}"})
                 continue
             ran = any(e["kind"] == "state" and e["data"]["state"] == "running" for e in events)
+            if ran and spec.algorithm == SESSION:
+                _append(self.data_dir, job_id, "state", {"state": "failed", "reason": f"the engine service "
+                                                         f"restarted; {SESSION_NOT_RESUMED}"})
+                continue
             # restarts after faults so far (a drain's move is none: its attempt repeats the last)
             count = max((e["data"].get("attempt", 0) for e in events if e["kind"] == "recovery"), default=0) + 1
             if ran and count > self.config.max_recoveries:
@@ -632,6 +660,10 @@ class EngineService:
                 _log.warning("engine: healing after %s: %s", job_id, fault_reason(heal_exc))
                 affected, reason = {job_id}, f"{reason}; then {fault_reason(heal_exc)}"
             for job in sorted(affected & set(self.drivers)):
+                if self.jobs[job][0].algorithm == SESSION:
+                    self._stop_driver(job)
+                    self._finish(job, {"state": "failed", "reason": f"engine fault ({reason}); {SESSION_NOT_RESUMED}"})
+                    continue
                 count = self.recoveries[job] = self.recoveries.get(job, 0) + 1
                 gone = [n for n in self.job_groups.get(job, ()) if n not in self.groups]
                 if gone:  # a group it needs could not be started again (no node has room now)

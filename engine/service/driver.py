@@ -40,6 +40,16 @@ def redone_after(events: list[dict[str, Any]]) -> int:
     return checkpoint["seq"] if checkpoint else 0
 
 
+def driver_memory() -> dict[str, Any]:
+    """Where this driver runs, its resident memory (MB), and whether torch is loaded in it."""
+    import sys
+
+    import psutil
+
+    return {"node": ray.get_runtime_context().get_node_id(), "rss_mb": psutil.Process().memory_info().rss / 2**20,
+            "torch": "torch" in sys.modules}
+
+
 @ray.remote(num_cpus=0)
 class JobDriver:
     """``resume``: this driver replaces one that died; it goes on from the job's last checkpoint."""
@@ -60,13 +70,7 @@ class JobDriver:
         return self.events.append(kind, data, durable=True)
 
     def memory(self) -> dict[str, Any]:
-        """Where this driver runs, its resident memory (MB), and whether torch is loaded in it."""
-        import sys
-
-        import psutil
-
-        return {"node": ray.get_runtime_context().get_node_id(), "rss_mb": psutil.Process().memory_info().rss / 2**20,
-                "torch": "torch" in sys.modules}
+        return driver_memory()
 
     def _export(self, summary: dict[str, Any]) -> None:
         """The final weights as a Hugging Face folder beside the event log (``final/``)."""

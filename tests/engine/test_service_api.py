@@ -12,7 +12,7 @@ import pytest
 import ray
 
 from engine.control import EngineClient
-from engine.errors import SpecError, UnknownJob
+from engine.errors import SessionClosed, SpecError, UnknownJob
 from engine.paths import events_path
 from engine.spec import GRPOConfig, JobSpec, ServiceConfig
 from tests.engine.service_helpers import finished, metrics, states, wait_for
@@ -22,11 +22,15 @@ SPEC = JobSpec(task="arith", model="tiny-arith", steps=3, seed=3, rollout="torch
                # draw no group with mixed rewards, and then nothing trains
                grpo=GRPOConfig(prompts_per_step=8, samples_per_prompt=4, updates_per_step=2, eval_every=3,
                                eval_size=10, max_tokens=6, temperature=1.0))
+SESSION = JobSpec(algorithm="session", model="tiny-arith", rollout="torch", trainer="torch")
+SESSION_IDLE_S = 10.0
 
 
 @pytest.fixture(scope="module")
 def engine(ray_engine, plexrl_home, tiny_model_dir):
-    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=0.25, threads=1))
+    # sessions (below) idle this long are closed
+    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=0.25, threads=1,
+                                                                     session_idle_s=SESSION_IDLE_S))
     yield client
     client.shutdown()
 
@@ -219,11 +223,100 @@ def test_a_finished_job_leaves_the_profile_its_shape_is_estimated_from(engine, p
 
 
 def test_an_ended_job_leaves_nothing_on_the_shared_groups(engine, plain_run):
+    assert_released("svc-plain")
+    assert "svc-plain" not in {key.split("/")[0] for key in engine.cluster_snapshot()["scheduler"]["estimates"]}
+
+
+def assert_released(job: str, timeout: float = 30.0) -> None:
+    """The ended job's states leave the shared groups (the service drops them once its driver is
+    done: soon after the log ends it)."""
     import ray
 
     ranks = [ray.get_actor(f"wpg:{group}:0", namespace="plexrl") for group in ("torch-train", "torch-rollout")]
-    deadline = time.monotonic() + 30
-    while held := [d for rank in ranks for d in ray.get(rank.deployments.remote()) if d[0] == "svc-plain"]:
+    deadline = time.monotonic() + timeout
+    while held := [d for rank in ranks for d in ray.get(rank.deployments.remote()) if d[0] == job]:
         assert time.monotonic() < deadline, f"still held after the job ended: {held}"
         time.sleep(0.2)
-    assert "svc-plain" not in {key.split("/")[0] for key in engine.cluster_snapshot()["scheduler"]["estimates"]}
+
+
+# -- sessions: the tenant's own loop, calling the function API from outside ----------------------
+def test_the_platforms_grpo_run_through_a_session_learns_what_the_preset_job_does(engine, plain_run):
+    from engine.rl import grpo
+
+    engine.submit_job("svc-session", SESSION, tenant="org-s")
+    loop = engine.session_loop("svc-session", "tiny-arith")  # every call as JSON, its result read back
+    grpo.train(loop, job="svc-session", model="tiny-arith", task=SPEC.task, steps=SPEC.steps, seed=SPEC.seed,
+               config=SPEC.grpo, tools=None, dataset=None)
+    assert loop.close() == {"closed": "closed by the tenant", "calls": loop.calls}
+    events = wait_for(engine, "svc-session", finished)
+    assert states(events) == ["queued", "running", "succeeded"]
+    assert metrics(events) == metrics(plain_run)  # the same numbers, step by step
+    usage = [e["data"] for e in events if e["kind"] == "usage"]
+    fns = {u["fn"] for u in usage}
+    assert {"generate", "forward_backward", "optim_step", "sync_weights"} <= fns  # metered as any job
+    assert all(u["job"] == "svc-session" and u["end"] > u["start"] for u in usage)
+    with pytest.raises(SessionClosed, match="closed by the tenant"):
+        engine.session_call("svc-session", loop.calls + 1, "optim_step", {})
+
+
+def test_a_session_takes_calls_in_their_numbers_order_and_refuses_bad_ones_before_they_take_a_turn(engine):
+    engine.submit_job("svc-sess-calls", SESSION)
+    # numbered by the caller: 2 reaches the session first, and waits for 1 (which makes the model)
+    second = engine.session_submit("svc-sess-calls", 2, "generate",
+                                   {"prompts": [[3, 4, 5]], "sampling": {"n": 2, "max_tokens": 3, "seed": 7}})
+    for bad, field in ((("generate", {"prompts": "3 4 5"}), "prompts"),
+                       (("generate", {"prompts": [[3, -4]]}), "prompts[0]"),
+                       (("forward_backward", {"batch": {"prompts": [[1]], "completions": [[2]],
+                                                        "advantages": [1.0, 2.0]}, "loss": "grpo"}),
+                        "batch.advantages"),
+                       (("save_checkpoint", {"tag": "../elsewhere"}), "tag"),
+                       (("shell", {}), "fn"),
+                       (("optim_step", {"role": "policy", "lr": 1}), "lr")):
+        with pytest.raises(SpecError) as info:
+            engine.session_call("svc-sess-calls", 1, *bad)
+        assert info.value.field == field
+    created = engine.session_call("svc-sess-calls", 1, "create_model",
+                                  {"role": "policy", "trainable": True, "optimizer": {"lr": 0.01}})
+    assert created == {"role": "policy", "model": "tiny-arith"}
+    completions = second.result(60)["completions"]
+    assert [c["prompt_index"] for c in completions] == [0, 0]
+    assert all(len(c["token_ids"]) == len(c["logprobs"]) <= 3 for c in completions)
+    with pytest.raises(SpecError, match="seq"):  # a number used before
+        engine.session_call("svc-sess-calls", 2, "optim_step", {})
+    rows = [[3, 4, 5]] * 2
+    batch = {"prompts": rows, "completions": [c["token_ids"] for c in completions], "advantages": [1.0, -1.0],
+             "old_logprobs": [c["logprobs"] for c in completions]}
+    forward = engine.session_call("svc-sess-calls", 3, "forward", {"batch": batch})
+    assert [len(r) for r in forward["logprobs"]] == [len(c["token_ids"]) for c in completions]
+    loss = engine.session_call("svc-sess-calls", 4, "forward_backward", {"batch": batch, "loss": "grpo"})
+    assert set(loss) == {"loss", "tokens", "metrics"}
+    assert loss["tokens"] > 0
+    assert engine.session_call("svc-sess-calls", 5, "optim_step", {})["tokens"] == loss["tokens"]
+    logged = engine.session_call("svc-sess-calls", 6, "log_metrics", {"step": 1, "values": {"reward": 0.5}})
+    assert logged == {"step": 1}
+    engine.session_call("svc-sess-calls", 7, "close", {})
+    events = wait_for(engine, "svc-sess-calls", finished)
+    assert metrics(events) == [{"step": 1, "reward": 0.5}]  # the tenant's own curve
+    assert_released("svc-sess-calls")  # its states leave the groups
+
+
+def test_an_idle_session_is_closed_its_states_dropped_and_its_billing_stopped(engine):
+    engine.submit_job("svc-sess-idle", SESSION)
+    engine.session_call("svc-sess-idle", 1, "create_model", {"role": "policy", "trainable": True})
+    engine.session_call("svc-sess-idle", 2, "generate", {"prompts": [[3, 4]], "sampling": {"max_tokens": 2}})
+    last_call = time.time()
+    events = wait_for(engine, "svc-sess-idle", finished, timeout=SESSION_IDLE_S + 60)
+    end = [e for e in events if e["kind"] == "state"][-1]
+    assert end["data"] == {"state": "succeeded", "reason": f"closed after {SESSION_IDLE_S:g} s without a call"}
+    assert end["ts"] - last_call >= SESSION_IDLE_S - 0.5
+    usage = [e for e in events if e["kind"] == "usage"]
+    assert usage
+    assert max(u["data"]["end"] for u in usage) <= last_call  # nothing billed while it idled, or after
+    assert_released("svc-sess-idle")
+    with pytest.raises(SessionClosed, match="without a call"):
+        engine.session_call("svc-sess-idle", 3, "optim_step", {})
+
+
+def test_a_job_that_is_not_a_session_takes_no_calls(engine, plain_run):
+    with pytest.raises(ValueError, match="svc-plain is not a session: it runs the grpo algorithm itself"):
+        engine.session_call("svc-plain", 1, "optim_step", {})

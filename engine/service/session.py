@@ -1,0 +1,177 @@
+"""A session: a job whose algorithm loop runs at the tenant (``JobSpec(algorithm="session")``).
+
+Where a preset job's driver runs GRPO itself (``engine.service.driver``), a session's driver runs
+nothing of its own: it serves the tenant's calls, one at a time per call number, through the same
+function API, router and scheduler as every job. So a session is scheduled, metered into its
+event log, paused and cancelled like any job, and while the tenant computes rewards on their side
+it has no call queued: its groups serve others (the gap the platform fills).
+
+Calls are numbered by the caller from 1 (``call(seq, fn, args)``) and go to the scheduler in that
+order, whatever order they reach the driver in: a tenant may send several before the first one
+has answered (pipelining), and each is answered when its own result is there. The session ends
+when the tenant closes it, or when no call has come for ``idle_s`` (its states are then dropped
+and its billing stops, like any ended job's); a call after that answers ``SessionClosed``.
+A session whose engine part dies is not restarted (its loop is the tenant's, holding state no
+checkpoint has): it fails with the reason, and the tenant opens another from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from engine.client import Client, ModelHandle
+from engine.errors import EngineFault, SessionClosed, SpecError, is_engine_fault
+from engine.scheduler.router import Router
+from engine.service.driver import driver_memory
+from engine.service.eventlog import EventLog
+from engine.service.session_calls import decode, encode
+from engine.spec import JobSpec
+from engine.workers.group import WorkerGroup
+
+PIPELINE = 32  # calls of one session in the driver at once (more wait in Ray's queue)
+ORDER_WAIT_S = 300.0  # how long a call waits for the calls numbered before it to arrive
+
+
+@ray.remote(num_cpus=0)
+class SessionDriver:
+    def __init__(self, job_id: str, spec: JobSpec, groups: list[WorkerGroup], events_path: str,
+                 tenant: str = "", idle_s: float = 600.0):
+        self.job_id, self.spec, self.idle_s = job_id, spec, idle_s
+        self.events = EventLog(Path(events_path))
+        self.client = Client(Router(groups, tenant=tenant), self.events)
+        self.handles: dict[str, ModelHandle] = {}
+        self.cv = threading.Condition()
+        self.next_seq = 1  # the number of the call that goes to the scheduler next
+        self.running = 0  # calls submitted whose results are not back yet
+        self.last = time.monotonic()  # when a call last came or ended
+        self.calls = 0
+        self.ended: str | None = None  # why the session ended (None: open)
+        self.fault: BaseException | None = None
+
+    def note(self, kind: str, data: dict[str, Any]) -> int:
+        """Append an event the engine service asks for (pause, resume), as a job's driver does."""
+        return self.events.append(kind, data, durable=True)
+
+    def memory(self) -> dict[str, Any]:
+        return driver_memory()
+
+    def run(self) -> dict[str, Any]:
+        """Until the tenant closes the session, it idles past ``idle_s``, or a fault ends it."""
+        self.events.append("state", {"state": "running"}, durable=True)
+        with self.cv:
+            while self.ended is None:
+                idle = time.monotonic() - self.last
+                if self.running == 0 and idle >= self.idle_s:
+                    self.ended = f"closed after {self.idle_s:g} s without a call"
+                    break
+                self.cv.wait(timeout=max(0.05, self.idle_s - idle) if self.running == 0 else 1.0)
+            self.cv.notify_all()  # calls waiting for their turn learn that the session ended
+        if self.fault is not None:  # the engine service fails the session with it
+            raise EngineFault(f"{type(self.fault).__name__}: {self.fault}")
+        summary = {"calls": self.calls, "closed": self.ended}
+        self.events.append("state", {"state": "succeeded", "reason": self.ended}, durable=True)
+        self.events.append("summary", summary, durable=True)
+        return summary
+
+    def close(self, reason: str = "closed by the tenant") -> dict[str, Any]:
+        """End the session once the calls already submitted are answered."""
+        with self.cv:
+            while self.running:
+                self.cv.wait(timeout=1.0)
+            if self.ended is None:
+                self.ended = reason
+            self.cv.notify_all()
+            return {"closed": self.ended, "calls": self.calls}
+
+    def call(self, seq: int, fn: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Call number ``seq`` of the session: ``fn`` (``session_calls.SESSION_CALLS``) with its
+        JSON ``args``; its JSON result. SpecError: bad arguments (nothing was submitted);
+        SessionClosed: the session ended first."""
+        if fn == "close":
+            return self.close()
+        role, kwargs = decode(fn, args)  # checked before it takes a turn: a bad call holds no one up
+        with self.cv:
+            self._wait_turn(seq)
+            self.running += 1
+            self.last = time.monotonic()
+            try:
+                pending = self._submit(fn, role, kwargs)
+            except BaseException as exc:
+                self._answered(exc)
+                raise
+            finally:
+                self.next_seq += 1  # its turn is over, submitted or refused
+                self.cv.notify_all()
+        try:
+            out = encode(fn, pending() if callable(pending) else pending)
+        except BaseException as exc:
+            with self.cv:
+                self._answered(exc)
+            raise
+        with self.cv:
+            self._answered(None)
+        return out
+
+    def _answered(self, exc: BaseException | None) -> None:
+        """A call is done (``exc``: how it failed). An engine fault ends the session. Holds the lock."""
+        self.running -= 1
+        self.calls += 1
+        self.last = time.monotonic()
+        if exc is not None and is_engine_fault(exc) and self.ended is None:
+            self.fault, self.ended = exc, f"engine fault: {type(exc).__name__}"
+        self.cv.notify_all()
+
+    def _wait_turn(self, seq: int) -> None:
+        if type(seq) is not int or seq < self.next_seq:
+            raise SpecError("seq", f"call numbers go up from 1 without repeats; {seq!r} was used or is invalid "
+                                   f"(the next is {self.next_seq})")
+        deadline = time.monotonic() + ORDER_WAIT_S
+        while self.ended is None and self.next_seq != seq:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SpecError("seq", f"call {seq} waited {ORDER_WAIT_S:g} s for call {self.next_seq}, "
+                                       f"which never came")
+            self.cv.wait(timeout=left)
+        if self.ended is not None:
+            raise SessionClosed(self.job_id, self.ended)
+
+    def _submit(self, fn: str, role: str | None, kwargs: dict[str, Any]) -> Any:
+        """Hand the call to the scheduler (in turn order); what it returns is waited on outside the
+        lock: a ``Future``'s ``result``, or a value for the calls that are the driver's own."""
+        if fn == "create_model":
+            assert role is not None
+            if role in self.handles:
+                raise SpecError("role", f"the session already has a {role} model")
+            handle = self.client.create_model(self.job_id, role, self.spec.model or "",
+                                              trainable=kwargs["trainable"], optimizer_config=kwargs["optimizer"])
+            self.handles[role] = handle
+            return {"role": role, "model": self.spec.model}
+        if fn == "log_metrics":
+            self.client.log_metrics(kwargs["step"], kwargs["values"])
+            return {"step": kwargs["step"]}
+        if fn == "export":
+            return self._export
+        handle = self.handles.get(role or "")
+        if handle is None:
+            raise SpecError("role", f"the session has no {role} model yet (create_model first)")
+        return getattr(handle, fn)(**kwargs).result
+
+    def _export(self) -> dict[str, Any]:
+        """The policy's weights now, as a Hugging Face folder beside the event log (``final/``),
+        downloadable as a preset job's final weights are."""
+        from engine.models import resolve_model
+        from engine.service.artifacts import export_hf
+
+        handle = self.handles.get("policy")
+        if handle is None:
+            raise SpecError("role", "the session has no policy model to export")
+        saved = handle.save_checkpoint("final").result()
+        out = self.events.path.parent / "final"
+        files = export_hf(Path(saved["path"]), resolve_model(self.spec.model or "", build_missing=False), out)
+        self.events.append("artifact", {"name": "final", "path": str(out), "files": files}, durable=True)
+        return {"files": files}
