@@ -31,10 +31,11 @@ from typing import Any
 
 from engine.accounting.estimate import estimate
 from engine.accounting.metering import LedgerTotals, ledger_totals, record_rows, savings_of_rows, savings_of_totals
-from engine.errors import SessionClosed, UnknownService
+from engine.errors import SessionClosed, SessionPending, UnknownJob, UnknownService
 from engine.models import PRESETS, is_model_dir, preset_dir, resolve_model
 from engine.paths import plexrl_home
 from engine.scheduler.core import Policy
+from engine.service.session_calls import SESSION_CALLS
 from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
 from engine.tasks.datasets import MAX_BYTES as MAX_DATASET_BYTES
 from engine.tasks.datasets import parse_problems
@@ -43,6 +44,7 @@ __all__ = [  # what the control plane uses, besides EngineClient
     "MAX_DATASET_BYTES",
     "PRESETS",
     "PROFILE_STEPS",
+    "SESSION_CALLS",
     "EngineClient",
     "LedgerTotals",
     "estimate",
@@ -177,18 +179,28 @@ class EngineClient:
         """Send call number ``seq`` (from 1, each once; ``engine.service.session``) of session
         ``job_id``: ``fn`` with its JSON ``args``. Returns at once, the call being queued; its
         ``result()`` is the JSON result. Waits up to ``wait_s`` (None: ``timeout_s``) for a session
-        still queued for groups. SessionClosed: it has ended; ValueError: it is not a session."""
+        still queued for groups, then raises SessionPending (nothing was sent). SessionClosed: it
+        has ended; ValueError: it is not a session."""
         import ray
 
-        driver = self._sessions.get(job_id)
-        if driver is None:
-            deadline = time.monotonic() + (self.timeout_s if wait_s is None else wait_s)
-            while (driver := self._call("session", job_id)) is None:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"session {job_id} is still queued for worker groups")
-                time.sleep(0.2)
-            self._sessions[job_id] = driver
+        driver = self._sessions.get(job_id) or self._session_driver(job_id, wait_s)
         return SessionCall(self, job_id, driver.call.remote(seq, fn, args), ray)
+
+    def _session_driver(self, job_id: str, wait_s: float | None) -> Any:
+        """The session's driver, once the service has it: a session not submitted yet (its launch
+        is on its way) or queued for groups is waited for up to ``wait_s``, then SessionPending."""
+        deadline = time.monotonic() + (self.timeout_s if wait_s is None else wait_s)
+        while True:
+            try:
+                driver = self._call("session", job_id)
+            except UnknownJob:
+                driver = None
+            if driver is not None:
+                self._sessions[job_id] = driver
+                return driver
+            if time.monotonic() > deadline:
+                raise SessionPending(f"session {job_id} is not placed yet: send the call again")
+            time.sleep(0.2)
 
     def session_loop(self, job_id: str, model: str) -> Any:
         """A ``RemoteClient`` (the function API's ``Client``) whose calls go to session ``job_id``
@@ -199,6 +211,15 @@ class EngineClient:
 
         numbers = itertools.count(1)
         return RemoteClient(lambda fn, args: self.session_submit(job_id, next(numbers), fn, args), model)
+
+    def session_result(self, job_id: str, seq: int, wait_s: float) -> dict[str, Any]:
+        """The answer of call ``seq`` of session ``job_id``, sent before: its JSON result, or the
+        error it raised. TimeoutError: not there within ``wait_s``; LookupError: no longer kept;
+        SessionPending: the session is still queued for groups."""
+        import ray
+
+        driver = self._sessions.get(job_id) or self._session_driver(job_id, 0.0)
+        return SessionCall(self, job_id, driver.result.remote(seq, wait_s), ray).result()
 
     def session_call(self, job_id: str, seq: int, fn: str, args: dict[str, Any], *,
                      wait_s: float | None = None) -> dict[str, Any]:
@@ -240,6 +261,8 @@ class SessionCall:
         ray = self._ray
         try:
             return ray.get(self._ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"session {self._job}: no answer within {timeout} s yet") from None
         except ray.exceptions.RayTaskError as exc:
             raise exc.as_instanceof_cause() from None
         except ray.exceptions.RayActorError:  # its driver is gone: the session ended meanwhile

@@ -19,6 +19,18 @@ class SpecError(EngineError, ValueError):
         return type(self), (self.field, self.message)
 
 
+class TooLarge(SpecError):
+    """A field over a size limit (rows of a batch, tokens of a row): ``limit`` is the most allowed
+    (HTTP 413, naming it)."""
+
+    def __init__(self, field: str, message: str, limit: int):
+        super().__init__(field, message)
+        self.limit = limit
+
+    def __reduce__(self):
+        return type(self), (self.field, self.message, self.limit)
+
+
 class StateError(Exception):
     """Base of the StateManager store's errors; every one leaves the store as it was before the call.
     Here, not in ``engine.state.store``, so a worker group's handle catches them without torch."""
@@ -59,6 +71,10 @@ class SessionClosed(EngineError):
 
     def __reduce__(self):  # survives pickling (a Ray actor raising it to its caller)
         return type(self), (self.job, self.why)
+
+
+class SessionPending(EngineError):
+    """A call came for a session still queued for worker groups: nothing was sent (send it again)."""
 
 
 class EngineFault(RuntimeError):

@@ -342,7 +342,9 @@ class EngineService:
         SessionClosed: it has ended (why, from its log); ValueError: the job is not a session."""
         status = self.status(job_id)
         spec = next((e["data"] for e in read_events(events_path(self.data_dir, job_id), limit=4)
-                     if e["kind"] == "spec"), {})
+                     if e["kind"] == "spec"), None)
+        if spec is None:
+            return None  # being submitted: its spec is the log's next line
         if spec.get("algorithm") != SESSION:
             raise ValueError(f"job {job_id} is not a session: it runs the {spec.get('algorithm')} algorithm itself")
         with self.lock:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from engine.workers.group import WorkerGroup
 
 PIPELINE = 32  # calls of one session in the driver at once (more wait in Ray's queue)
 ORDER_WAIT_S = 300.0  # how long a call waits for the calls numbered before it to arrive
+KEEP_ANSWERS = 1024  # answers kept for ``result`` (a caller that lost a connection asks again)
 
 
 @ray.remote(num_cpus=0)
@@ -50,6 +52,10 @@ class SessionDriver:
         self.running = 0  # calls submitted whose results are not back yet
         self.last = time.monotonic()  # when a call last came or ended
         self.calls = 0
+        self.in_flight: set[int] = set()  # numbers of the calls submitted and not answered yet
+        self.waiting: set[int] = set()  # numbers of the calls waiting for their turn
+        self.refused: set[int] = set()  # numbers ahead whose calls were refused before their turn
+        self.answers: OrderedDict[int, tuple[bool, Any]] = OrderedDict()  # number -> (ok, result or error)
         self.ended: str | None = None  # why the session ended (None: open)
         self.fault: BaseException | None = None
 
@@ -90,53 +96,103 @@ class SessionDriver:
 
     def call(self, seq: int, fn: str, args: dict[str, Any]) -> dict[str, Any]:
         """Call number ``seq`` of the session: ``fn`` (``session_calls.SESSION_CALLS``) with its
-        JSON ``args``; its JSON result. SpecError: bad arguments (nothing was submitted);
-        SessionClosed: the session ended first."""
+        JSON ``args``; its JSON result. SpecError: bad arguments (nothing was submitted; the
+        number is used all the same); SessionClosed: the session ended first."""
         if fn == "close":
             return self.close()
-        role, kwargs = decode(fn, args)  # checked before it takes a turn: a bad call holds no one up
+        try:
+            role, kwargs = decode(fn, args)  # checked before its turn: refused at once, holding no one up
+        except SpecError as exc:
+            self._refuse(seq, exc)
+            raise
         with self.cv:
             self._wait_turn(seq)
             self.running += 1
+            self.in_flight.add(seq)
             self.last = time.monotonic()
             try:
                 pending = self._submit(fn, role, kwargs)
             except BaseException as exc:
-                self._answered(exc)
+                self._answered(seq, exc)
                 raise
             finally:
                 self.next_seq += 1  # its turn is over, submitted or refused
-                self.cv.notify_all()
+                self._advance()
         try:
             out = encode(fn, pending() if callable(pending) else pending)
         except BaseException as exc:
             with self.cv:
-                self._answered(exc)
+                self._answered(seq, exc)
             raise
         with self.cv:
-            self._answered(None)
+            self._answered(seq, None, out)
         return out
 
-    def _answered(self, exc: BaseException | None) -> None:
-        """A call is done (``exc``: how it failed). An engine fault ends the session. Holds the lock."""
+    def result(self, seq: int, wait_s: float) -> dict[str, Any]:
+        """The answer of call ``seq``, sent before (by ``call``), once it is there: its result, or
+        the error it raised. TimeoutError: not yet, after ``wait_s``; SessionClosed: the session
+        ended before the call came; LookupError: it came and its answer is no longer kept."""
+        deadline = time.monotonic() + wait_s
+        with self.cv:
+            while seq not in self.answers:
+                if seq < self.next_seq and seq not in self.in_flight:
+                    raise LookupError(f"call {seq}'s answer is no longer kept (the last {KEEP_ANSWERS} are)")
+                if self.ended is not None and seq >= self.next_seq:
+                    raise SessionClosed(self.job_id, self.ended)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"call {seq} has not answered yet")
+                self.cv.wait(timeout=left)
+            ok, value = self.answers[seq]
+        if ok:
+            return value
+        raise value
+
+    def _answered(self, seq: int, exc: BaseException | None, out: dict[str, Any] | None = None) -> None:
+        """Call ``seq`` is done: ``out``, or how it failed (``exc``); kept for ``result`` (the last
+        ``KEEP_ANSWERS``). An engine fault ends the session. Holds the lock."""
         self.running -= 1
         self.calls += 1
         self.last = time.monotonic()
+        self.in_flight.discard(seq)
+        self.answers[seq] = (exc is None, out if exc is None else exc)
+        while len(self.answers) > KEEP_ANSWERS:
+            self.answers.popitem(last=False)
         if exc is not None and is_engine_fault(exc) and self.ended is None:
             self.fault, self.ended = exc, f"engine fault: {type(exc).__name__}"
         self.cv.notify_all()
 
+    def _refuse(self, seq: Any, exc: SpecError) -> None:
+        """A call refused before its turn still uses its number: the calls after it do not wait
+        for it (its answer is the error), unless that number is another call's already."""
+        with self.cv:
+            if type(seq) is int and seq >= self.next_seq and seq not in self.waiting | self.in_flight | self.refused:
+                self.refused.add(seq)
+                self.answers[seq] = (False, exc)
+                self._advance()
+
+    def _advance(self) -> None:
+        """Past the numbers of refused calls. Holds the lock."""
+        while self.next_seq in self.refused:
+            self.refused.discard(self.next_seq)
+            self.next_seq += 1
+        self.cv.notify_all()
+
     def _wait_turn(self, seq: int) -> None:
-        if type(seq) is not int or seq < self.next_seq:
+        if type(seq) is not int or seq < self.next_seq or seq in self.waiting | self.refused:
             raise SpecError("seq", f"call numbers go up from 1 without repeats; {seq!r} was used or is invalid "
                                    f"(the next is {self.next_seq})")
         deadline = time.monotonic() + ORDER_WAIT_S
-        while self.ended is None and self.next_seq != seq:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SpecError("seq", f"call {seq} waited {ORDER_WAIT_S:g} s for call {self.next_seq}, "
-                                       f"which never came")
-            self.cv.wait(timeout=left)
+        self.waiting.add(seq)
+        try:
+            while self.ended is None and self.next_seq != seq:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SpecError("seq", f"call {seq} waited {ORDER_WAIT_S:g} s for call {self.next_seq}, "
+                                           f"which never came")
+                self.cv.wait(timeout=left)
+        finally:
+            self.waiting.discard(seq)
         if self.ended is not None:
             raise SessionClosed(self.job_id, self.ended)
 
@@ -159,6 +215,11 @@ class SessionDriver:
         handle = self.handles.get(role or "")
         if handle is None:
             raise SpecError("role", f"the session has no {role} model yet (create_model first)")
+        if fn == "generate" and "texts" in kwargs:
+            tokenizer = self.client.tokenizer(handle)
+            prompts = [tokenizer.encode(text) for text in kwargs["texts"]]
+            future = handle.generate(prompts, kwargs["sampling"])
+            return lambda: (prompts, future.result())
         return getattr(handle, fn)(**kwargs).result
 
     def _export(self) -> dict[str, Any]:

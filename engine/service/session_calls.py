@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from engine.api import ROLES, Batch, Completion, ForwardResult, LossResult, OptimizerConfig, SamplingParams
-from engine.errors import SpecError
+from engine.errors import SpecError, TooLarge
 
 # the function API's calls, as a session serves them
 MODEL_CALLS = ("generate", "forward", "forward_backward", "optim_step", "sync_weights", "save_checkpoint",
@@ -56,6 +56,8 @@ def encode(fn: str, result: Any) -> dict[str, Any]:
     """A call's result as JSON: completions, log-probs (each row as long as its completion),
     a loss and its metrics, or the backend's small dict as it is."""
     if fn == "generate":
+        if isinstance(result, tuple):  # (the texts' prompts, their completions)
+            return {"prompts": result[0], "completions": [_completion(c) for c in result[1]]}
         return {"completions": [_completion(c) for c in result]}
     if fn == "forward":
         assert isinstance(result, ForwardResult)
@@ -84,12 +86,12 @@ def _token_lists(field: str, value: Any, *, empty_ok: bool = False) -> list[list
     if not isinstance(value, list) or not value:
         raise SpecError(field, "must be a non-empty list of token-id lists")
     if len(value) > MAX_ROWS:
-        raise SpecError(field, f"at most {MAX_ROWS} rows per call, got {len(value)}")
+        raise TooLarge(field, f"at most {MAX_ROWS} rows per call, got {len(value)}", MAX_ROWS)
     for i, row in enumerate(value):
         if not isinstance(row, list) or (not row and not empty_ok):
             raise SpecError(f"{field}[{i}]", "must be a non-empty list of token ids")
         if len(row) > MAX_TOKENS_PER_ROW:
-            raise SpecError(f"{field}[{i}]", f"at most {MAX_TOKENS_PER_ROW} tokens, got {len(row)}")
+            raise TooLarge(f"{field}[{i}]", f"at most {MAX_TOKENS_PER_ROW} tokens, got {len(row)}", MAX_TOKENS_PER_ROW)
         if not all(type(t) is int and t >= 0 for t in row):
             raise SpecError(f"{field}[{i}]", "token ids are non-negative integers")
     return value
@@ -112,11 +114,26 @@ def _config(field: str, kind: type, value: Any) -> Any:
 
 
 def _generate(args: dict[str, Any]) -> dict[str, Any]:
-    prompts = _token_lists("prompts", args.get("prompts"))
+    """Prompts as token ids, or as ``texts`` the session's tokenizer encodes (the answer then
+    gives their ``prompts`` as token ids too: what a batch of them is built from)."""
+    if ("prompts" in args) == ("texts" in args):
+        raise SpecError("prompts", "give prompts (token-id lists) or texts (strings), one of the two")
+    if "texts" in args:
+        texts = args["texts"]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+            raise SpecError("texts", "must be a non-empty list of non-empty strings")
+        if len(texts) > MAX_ROWS:
+            raise TooLarge("texts", f"at most {MAX_ROWS} rows per call, got {len(texts)}", MAX_ROWS)
+        if any(len(t) > MAX_TOKENS_PER_ROW for t in texts):
+            raise TooLarge("texts", f"at most {MAX_TOKENS_PER_ROW} characters a text", MAX_TOKENS_PER_ROW)
+        prompts = None
+    else:
+        texts, prompts = None, _token_lists("prompts", args.get("prompts"))
     sampling = _config("sampling", SamplingParams, args.get("sampling"))
-    if len(prompts) * sampling.n > MAX_ROWS:
-        raise SpecError("sampling.n", f"prompts x n is at most {MAX_ROWS} per call, got {len(prompts) * sampling.n}")
-    return {"prompts": prompts, "sampling": sampling}
+    if len(texts or prompts or ()) * sampling.n > MAX_ROWS:
+        raise TooLarge("sampling.n", f"prompts x n is at most {MAX_ROWS} per call, got "
+                                     f"{len(texts or prompts or ()) * sampling.n}", MAX_ROWS)
+    return {"prompts": prompts, "sampling": sampling} if texts is None else {"texts": texts, "sampling": sampling}
 
 
 def _per_token(field: str, value: Any, completions: list[list[int]]) -> np.ndarray | None:
@@ -212,7 +229,7 @@ _READERS = {
 }
 _FIELDS: dict[str, set[str]] = {
     "create_model": {"role", "trainable", "optimizer"},
-    "generate": {"role", "prompts", "sampling"},
+    "generate": {"role", "prompts", "texts", "sampling"},
     "forward": {"role", "batch"},
     "forward_backward": {"role", "batch", "loss", "loss_config"},
     "optim_step": {"role"},

@@ -1,6 +1,7 @@
 """The platform's one handle on the engine (``engine.control``, docs/architecture.md §4).
 
-Only Celery tasks call it: a web request never waits on the engine. ``RAY_ADDRESS`` joins a Ray
+Celery tasks call it, so that a web request never waits on the engine, but for a session's calls
+(``jobs.session_views``), whose answers are what the request asks for. ``RAY_ADDRESS`` joins a Ray
 cluster; without it the process starts a local Ray the first time a task needs the engine.
 """
 

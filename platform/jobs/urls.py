@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from jobs import resource_views, views
+from jobs import resource_views, session_views, views
 
 app_name = "jobs"
 
@@ -26,4 +26,12 @@ urlpatterns += [
     path("datasets/<int:dataset_id>/", resource_views.DatasetDetailView.as_view(), name="dataset-detail"),
     path("models/", resource_views.ModelListCreateView.as_view(), name="models"),
     path("cluster/", resource_views.ClusterView.as_view(), name="cluster"),
+]
+
+# Sessions: a tenant's own loop calling the function API (jobs.session_views).
+urlpatterns += [
+    path("sessions/", session_views.SessionOpenView.as_view(), name="sessions"),
+    path("sessions/<int:session_id>/calls/", session_views.SessionCallsView.as_view(), name="session-calls"),
+    path("sessions/<int:session_id>/calls/<int:seq>/", session_views.SessionCallAnswerView.as_view(),
+         name="session-call"),
 ]

@@ -259,42 +259,44 @@ def test_the_platforms_grpo_run_through_a_session_learns_what_the_preset_job_doe
         engine.session_call("svc-session", loop.calls + 1, "optim_step", {})
 
 
-def test_a_session_takes_calls_in_their_numbers_order_and_refuses_bad_ones_before_they_take_a_turn(engine):
+def test_a_session_takes_calls_in_their_numbers_order_and_refuses_bad_ones_at_once_by_field(engine):
     engine.submit_job("svc-sess-calls", SESSION)
     # numbered by the caller: 2 reaches the session first, and waits for 1 (which makes the model)
     second = engine.session_submit("svc-sess-calls", 2, "generate",
                                    {"prompts": [[3, 4, 5]], "sampling": {"n": 2, "max_tokens": 3, "seed": 7}})
-    for bad, field in ((("generate", {"prompts": "3 4 5"}), "prompts"),
-                       (("generate", {"prompts": [[3, -4]]}), "prompts[0]"),
-                       (("forward_backward", {"batch": {"prompts": [[1]], "completions": [[2]],
-                                                        "advantages": [1.0, 2.0]}, "loss": "grpo"}),
-                        "batch.advantages"),
-                       (("save_checkpoint", {"tag": "../elsewhere"}), "tag"),
-                       (("shell", {}), "fn"),
-                       (("optim_step", {"role": "policy", "lr": 1}), "lr")):
-        with pytest.raises(SpecError) as info:
-            engine.session_call("svc-sess-calls", 1, *bad)
-        assert info.value.field == field
     created = engine.session_call("svc-sess-calls", 1, "create_model",
                                   {"role": "policy", "trainable": True, "optimizer": {"lr": 0.01}})
     assert created == {"role": "policy", "model": "tiny-arith"}
     completions = second.result(60)["completions"]
     assert [c["prompt_index"] for c in completions] == [0, 0]
     assert all(len(c["token_ids"]) == len(c["logprobs"]) <= 3 for c in completions)
+    # refused before their turn (numbers 3 to 8, sent last to first: none waits for another), and
+    # each uses its number, so that call 9 does not wait for them
+    bad_calls = ((("generate", {"prompts": "3 4 5"}), "prompts"),
+                 (("generate", {"prompts": [[3, -4]]}), "prompts[0]"),
+                 (("forward_backward", {"batch": {"prompts": [[1]], "completions": [[2]],
+                                                  "advantages": [1.0, 2.0]}, "loss": "grpo"}), "batch.advantages"),
+                 (("save_checkpoint", {"tag": "../elsewhere"}), "tag"),
+                 (("shell", {}), "fn"),
+                 (("optim_step", {"role": "policy", "lr": 1}), "lr"))
+    for seq, (bad, field) in reversed(list(enumerate(bad_calls, start=3))):
+        with pytest.raises(SpecError) as info:
+            engine.session_call("svc-sess-calls", seq, *bad)
+        assert info.value.field == field
     with pytest.raises(SpecError, match="seq"):  # a number used before
         engine.session_call("svc-sess-calls", 2, "optim_step", {})
     rows = [[3, 4, 5]] * 2
     batch = {"prompts": rows, "completions": [c["token_ids"] for c in completions], "advantages": [1.0, -1.0],
              "old_logprobs": [c["logprobs"] for c in completions]}
-    forward = engine.session_call("svc-sess-calls", 3, "forward", {"batch": batch})
+    forward = engine.session_call("svc-sess-calls", 9, "forward", {"batch": batch}, wait_s=60)
     assert [len(r) for r in forward["logprobs"]] == [len(c["token_ids"]) for c in completions]
-    loss = engine.session_call("svc-sess-calls", 4, "forward_backward", {"batch": batch, "loss": "grpo"})
+    loss = engine.session_call("svc-sess-calls", 10, "forward_backward", {"batch": batch, "loss": "grpo"})
     assert set(loss) == {"loss", "tokens", "metrics"}
     assert loss["tokens"] > 0
-    assert engine.session_call("svc-sess-calls", 5, "optim_step", {})["tokens"] == loss["tokens"]
-    logged = engine.session_call("svc-sess-calls", 6, "log_metrics", {"step": 1, "values": {"reward": 0.5}})
+    assert engine.session_call("svc-sess-calls", 11, "optim_step", {})["tokens"] == loss["tokens"]
+    logged = engine.session_call("svc-sess-calls", 12, "log_metrics", {"step": 1, "values": {"reward": 0.5}})
     assert logged == {"step": 1}
-    engine.session_call("svc-sess-calls", 7, "close", {})
+    engine.session_call("svc-sess-calls", 13, "close", {})
     events = wait_for(engine, "svc-sess-calls", finished)
     assert metrics(events) == [{"step": 1, "reward": 0.5}]  # the tenant's own curve
     assert_released("svc-sess-calls")  # its states leave the groups

@@ -148,6 +148,13 @@ class World:
                                               name="acme-token")[0]
 
     @cached_property
+    def session(self) -> Job:
+        """Another acme member's session, closed by its tenant."""
+        job = make_job(self.acme, self.bystander, "acme-session", JobState.SUCCEEDED)
+        Job.objects.filter(pk=job.pk).update(spec={**SPEC, "algorithm": "session"}, state_reason="closed by the tenant")
+        return job
+
+    @cached_property
     def dataset(self) -> Dataset:
         return make_dataset(self.acme, user=self.bystander, name="acme-data")
 
@@ -222,6 +229,8 @@ PATH_PARAMETERS: dict[str, Callable[[World], Any]] = {
     "user_id": lambda world: world.target.pk,
     "token_id": lambda world: world.token.pk,
     "job_id": lambda world: world.job.pk,
+    "session_id": lambda world: world.session.pk,
+    "seq": lambda world: 1,
     "name": lambda world: world.artifact[0],
     "filename": lambda world: world.artifact[1],
     "dataset_id": lambda world: world.dataset.pk,
@@ -241,6 +250,9 @@ BODIES: dict[str, Callable[[World], tuple[dict[str, Any], str]]] = {
     "POST /api/v1/jobs/": lambda world: ({"name": "new-job", "spec": SPEC}, "json"),
     "POST /api/v1/jobs/estimate/": lambda world: ({"spec": SPEC}, "json"),
     "POST /api/v1/jobs/{job_id}/cancel/": lambda world: ({"reason": "the role table"}, "json"),
+    "POST /api/v1/sessions/": lambda world: ({"name": "new-session", "model": "tiny-arith", "rollout": "torch",
+                                              "trainer": "torch"}, "json"),
+    "POST /api/v1/sessions/{session_id}/calls/": lambda world: ({"seq": 1, "fn": "optim_step"}, "json"),
     "POST /api/v1/datasets/": lambda world: (
         {"name": "uploaded", "file": SimpleUploadedFile("d.jsonl", jsonl())}, "multipart"),
     "POST /api/v1/models/": lambda world: ({"name": "registered", "path": str(world.model_folder)}, "json"),

@@ -10,6 +10,10 @@
 Errors are ``PlexRLError``s: ``ApiError`` (and a subclass per status: ``BadRequest``,
 ``Unauthorized``, ``Forbidden``, ``NotFound``, ``Conflict``, ``PayloadTooLarge``, ``RateLimited``,
 ``ServerError``) carrying the HTTP status and the server's field messages, and ``Unreachable``.
+
+Your own training loop runs against a session (``client.create_session(model=...)``): the
+function API (generate, forward, forward_backward, optim_step, sync_weights, checkpoints, export,
+log_metrics), each method with an ``_async`` twin (``plexrl_client.session``).
 """
 
 from plexrl_client.client import TERMINAL_STATES, ServiceClient, Update
@@ -26,20 +30,25 @@ from plexrl_client.errors import (
     Unauthorized,
     Unreachable,
 )
+from plexrl_client.session import Completion, Generation, LossResult, Session
 
 __version__ = "0.1.0"
 __all__ = [
     "TERMINAL_STATES",
     "ApiError",
     "BadRequest",
+    "Completion",
     "Conflict",
     "Forbidden",
+    "Generation",
+    "LossResult",
     "NotFound",
     "PayloadTooLarge",
     "PlexRLError",
     "RateLimited",
     "ServerError",
     "ServiceClient",
+    "Session",
     "Unauthorized",
     "Unreachable",
     "Update",

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from plexrl_client.errors import Unreachable, api_error, flatten
+from plexrl_client.session import Session
 
 API_PREFIX = "/api/v1/"
 # The job states after which nothing changes (``jobs.models.TERMINAL_STATES``, by value: the
@@ -154,6 +155,26 @@ class ServiceClient:
         return self._json("POST", "jobs/", body={
             "spec": spec, "name": name, "rollout_devices": rollout_devices, "train_devices": train_devices,
             "deployment_mode": deployment_mode})
+
+    # -- sessions: your own loop, calling the function API (plexrl_client.session) ---------------
+
+    def create_session(self, model: str, *, rollout: str | None = None, trainer: str | None = None,
+                       tp: int | None = None, name: str = "", priority: str = "normal",
+                       optimizer: dict[str, Any] | None = None) -> Session:
+        """Open a session on ``model`` (a preset or registered model) with its trainable ``policy``
+        (``optimizer``: ``lr``, ``betas``, ``weight_decay``, ``grad_clip``, ``warmup_steps``,
+        ``decay_steps``); returns it once the platform has placed it and made the model. Backends
+        and ``tp`` default as a job's do."""
+        body: dict[str, Any] = {"model": model, "name": name, "priority": priority}
+        body.update({k: v for k, v in (("rollout", rollout), ("trainer", trainer), ("tp", tp)) if v is not None})
+        session = Session(self, self._json("POST", "sessions/", body=body))
+        session.create_model("policy", trainable=True, optimizer=optimizer or {})
+        return session
+
+    def session(self, job_id: int, *, next_seq: int = 1) -> Session:
+        """A handle on an open session, whose calls go on from number ``next_seq`` (the first
+        number another handle, or an earlier run of this program, has not used)."""
+        return Session(self, self.job(job_id), next_seq=next_seq)
 
     def estimate(self, spec: dict[str, Any], *, rollout_devices: int = 1, train_devices: int = 1,
                  deployment_mode: str = "async_split") -> dict[str, Any]:

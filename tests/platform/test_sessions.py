@@ -1,0 +1,132 @@
+"""Sessions through the SDK against a live platform (issue 33): daphne, a Celery worker on Redis
+and the engine on a Ray head node of the test's own, as in production. A tenant's own loop
+(``examples/grpo.py``, with its own reward) trains through the function API over REST; two
+organizations' sessions share the worker groups, each sees only its own, and billing has each
+session's device-seconds; bad, oversized and late calls are refused and run nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+
+from plexrl_client import BadRequest, Conflict, NotFound, PayloadTooLarge, ServiceClient
+from tests.platform import live
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def platform(engine_home, django_db_setup, tmp_path_factory) -> Iterator[str]:
+    """A Ray head node, a Celery worker and daphne, all on it; the platform's base URL."""
+    tmp = tmp_path_factory.mktemp("sessions")
+    home = tmp / "home"
+    home.mkdir()
+    (home / "models").symlink_to(engine_home / "models")
+    broker = redis.Redis.from_url(settings.REDIS_URL)
+    broker.flushdb()
+    env = live.platform_env(home)
+    with live.ray_cluster(env, tmp) as address:
+        env = env | {"RAY_ADDRESS": address}
+        worker = live.celery_worker(env, tmp, beat=True)  # its beat pulls the jobs' events
+        server, url = live.asgi_server(env, tmp)
+        try:
+            yield url
+        finally:
+            server.stop()
+            worker.stop()
+    broker.flushdb()
+
+
+def organization(name: str, url: str) -> ServiceClient:
+    from accounts.services import organization_create, token_create
+    from billing.tasks import push_tenant
+    from tests.platform.factories import UserFactory
+
+    owner = UserFactory(username=f"{name}-owner")
+    org = organization_create(name=name.capitalize(), owner=owner)
+    push_tenant.delay(org.pk, 1e9, 1.0)
+    return ServiceClient(url, token_create(user=owner, organization=org, name="sdk")[1], timeout=90)
+
+
+def ingested(job_id: int) -> None:
+    """Have the worker pull the job's events, as the beat's periodic pull does, until it has ended
+    and all are in (this process has no engine: the worker's is the cluster's)."""
+    import time
+
+    from jobs import tasks
+    from jobs.models import Job
+
+    deadline = time.monotonic() + 120
+    while not Job.objects.get(pk=job_id).events_complete:
+        assert time.monotonic() < deadline, f"job {job_id} was not fully ingested"
+        tasks.pull_events.delay(job_id)
+        time.sleep(1.0)
+
+
+def test_the_example_grpo_trains_through_the_sdk_with_its_own_reward(platform):
+    from jobs.models import Job, JobMetric
+
+    client = organization("acme", platform)
+    done = subprocess.run([sys.executable, "examples/grpo.py", "--url", platform, "--token", client.token],
+                          capture_output=True, text=True, timeout=500, cwd=live.REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    ingested(out["session"])
+    job = Job.objects.get(pk=out["session"])
+    assert job.state == "succeeded"
+    assert job.spec["algorithm"] == "session"
+    steps = list(JobMetric.objects.filter(job=job).order_by("step").values_list("step", "data"))
+    assert [s for s, _ in steps] == list(range(1, 42))  # the loop's own curve, on the job's page
+    assert all("reward_mean" in data for _, data in steps[:-1])
+    assert out["held_out_reward_after"] > out["held_out_reward_before"], out
+
+
+def _step(session, seed: int) -> None:
+    """One pipelined GRPO-like step of a session: every call sent before the first answer."""
+    out = session.generate(texts=["2+3=", "11+4="], n=4, max_tokens=3, seed=seed)
+    rows = out.completions
+    done = [session.forward_backward_async(prompts=[out.prompts[c.prompt_index] for c in rows],
+                                           completions=[c.token_ids for c in rows], loss="grpo",
+                                           advantages=[1.0, -1.0] * 4, old_logprobs=[c.logprobs for c in rows]),
+            session.optim_step_async(), session.sync_weights_async(), session.log_metrics_async(seed, reward=0.5)]
+    assert [type(f.result(120)).__name__ for f in done] == ["LossResult", "dict", "dict", "dict"]
+
+
+def test_two_organizations_sessions_share_the_groups_each_sees_its_own_and_each_is_billed(platform):
+    from billing.models import UsageEntry
+    from jobs.models import Job
+
+    acme, globex = organization("acme-s", platform), organization("globex-s", platform)
+    a = acme.create_session("tiny-arith", rollout="torch", trainer="torch", optimizer={"lr": 1e-3})
+    g = globex.create_session("tiny-arith", rollout="torch", trainer="torch", optimizer={"lr": 1e-3})
+    for seed in (1, 2):
+        _step(a, seed)
+        _step(g, seed)
+    with pytest.raises(NotFound):  # another organization's session is not there
+        globex.session(a.id, next_seq=100).optim_step()
+    assert [j["id"] for j in globex.jobs()] == [g.id]
+    with pytest.raises(PayloadTooLarge) as info:  # bounded: the limit in the answer, nothing run
+        a.generate([[1, 2]] * 5000)
+    assert info.value.errors["limit"] == ["4096"]
+    with pytest.raises(BadRequest) as info:
+        a.generate(texts=[""])
+    assert "texts" in info.value.errors
+    assert a.close()["closed"] == "closed by the tenant"
+    g.close()
+    with pytest.raises(Conflict):  # a closed session's calls are refused
+        acme.session(a.id, next_seq=100).optim_step()
+    for job_id in (a.id, g.id):
+        ingested(job_id)
+    jobs = {job.pk: job for job in Job.objects.filter(pk__in=[a.id, g.id])}
+    assert {job.state for job in jobs.values()} == {"succeeded"}
+    billed = {job_id: list(UsageEntry.objects.filter(job_id=job_id).values_list("wpg", "device_seconds"))
+              for job_id in jobs}
+    assert all(rows and all(seconds > 0 for _, seconds in rows) for rows in billed.values())
+    assert {w for w, _ in billed[a.id]} & {w for w, _ in billed[g.id]}  # one shared worker group at least
+    assert {u["job"] for u in acme.usage()} == {a.id}  # each organization's bill is its own session's
