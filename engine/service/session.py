@@ -212,6 +212,10 @@ class SessionDriver:
             return {"step": kwargs["step"]}
         if fn == "export":
             return self._export
+        if fn == "tokenize":  # special: as generate encodes a prompt; eos: a completion that ends
+            tokenizer = self.client.tokenizer(self.spec.model or "")
+            ids = [tokenizer.encode(text, add_special_tokens=kwargs["special"]) for text in kwargs["texts"]]
+            return {"token_ids": [[*row, tokenizer.eos_token_id] if kwargs["eos"] else row for row in ids]}
         handle = self.handles.get(role or "")
         if handle is None:
             raise SpecError("role", f"the session has no {role} model yet (create_model first)")

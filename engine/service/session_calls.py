@@ -29,8 +29,9 @@ from engine.errors import SpecError, TooLarge
 # the function API's calls, as a session serves them
 MODEL_CALLS = ("generate", "forward", "forward_backward", "optim_step", "sync_weights", "save_checkpoint",
                "load_checkpoint")
-# a session's own: its models made, its curves logged, its weights exported, its end
-SESSION_CALLS = ("create_model", *MODEL_CALLS, "export", "log_metrics", "close")
+# a session's own: its models made, texts as its tokenizer reads them, its curves logged, its
+# weights exported, its end
+SESSION_CALLS = ("create_model", *MODEL_CALLS, "tokenize", "export", "log_metrics", "close")
 MAX_ROWS = 4096  # prompts of a generate call (times n), rows of a batch
 MAX_TOKENS_PER_ROW = 8192  # tokens of one prompt or completion
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -119,14 +120,7 @@ def _generate(args: dict[str, Any]) -> dict[str, Any]:
     if ("prompts" in args) == ("texts" in args):
         raise SpecError("prompts", "give prompts (token-id lists) or texts (strings), one of the two")
     if "texts" in args:
-        texts = args["texts"]
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
-            raise SpecError("texts", "must be a non-empty list of non-empty strings")
-        if len(texts) > MAX_ROWS:
-            raise TooLarge("texts", f"at most {MAX_ROWS} rows per call, got {len(texts)}", MAX_ROWS)
-        if any(len(t) > MAX_TOKENS_PER_ROW for t in texts):
-            raise TooLarge("texts", f"at most {MAX_TOKENS_PER_ROW} characters a text", MAX_TOKENS_PER_ROW)
-        prompts = None
+        texts, prompts = _texts(args), None
     else:
         texts, prompts = None, _token_lists("prompts", args.get("prompts"))
     sampling = _config("sampling", SamplingParams, args.get("sampling"))
@@ -187,6 +181,25 @@ def _forward_backward(args: dict[str, Any]) -> dict[str, Any]:
     return {"batch": _batch(args), "loss": loss, "loss_config": config}
 
 
+def _texts(args: dict[str, Any]) -> list[str]:
+    texts = args.get("texts")
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise SpecError("texts", "must be a non-empty list of non-empty strings")
+    if len(texts) > MAX_ROWS:
+        raise TooLarge("texts", f"at most {MAX_ROWS} rows per call, got {len(texts)}", MAX_ROWS)
+    if any(len(t) > MAX_TOKENS_PER_ROW for t in texts):
+        raise TooLarge("texts", f"at most {MAX_TOKENS_PER_ROW} characters a text", MAX_TOKENS_PER_ROW)
+    return texts
+
+
+def _tokenize(args: dict[str, Any]) -> dict[str, Any]:
+    flags = {name: args.get(name, False) for name in ("eos", "special")}
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise SpecError(name, "must be true or false")
+    return {"texts": _texts(args), **flags}
+
+
 def _tag(args: dict[str, Any]) -> dict[str, Any]:
     tag = args.get("tag")
     if not isinstance(tag, str) or not _TAG.fullmatch(tag):
@@ -224,6 +237,7 @@ _READERS = {
     "forward_backward": _forward_backward,
     "save_checkpoint": _tag,
     "load_checkpoint": _tag,
+    "tokenize": _tokenize,
     "create_model": _create_model,
     "log_metrics": _log_metrics,
 }
@@ -236,6 +250,7 @@ _FIELDS: dict[str, set[str]] = {
     "sync_weights": {"role"},
     "save_checkpoint": {"role", "tag"},
     "load_checkpoint": {"role", "tag"},
+    "tokenize": {"texts", "eos", "special"},
     "export": set(),
     "log_metrics": {"step", "values"},
     "close": set(),

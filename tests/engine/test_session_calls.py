@@ -76,6 +76,9 @@ def test_where_a_checkpoint_lives_stays_in_the_engine():
     ("log_metrics", {"step": 1, "values": {"step": 2}}, "values.step"),
     ("log_metrics", {"step": -1, "values": {"a": 1}}, "step"),
     ("export", {"now": True}, "now"),
+    ("tokenize", {"texts": ["12"], "eos": 1}, "eos"),
+    ("tokenize", {"texts": [""]}, "texts"),
+    ("generate", {"prompts": [[1]], "texts": ["1+1="]}, "prompts"),
     ("rm", {}, "fn"),
 ])
 def test_each_bad_field_is_refused_by_name(fn, args, field):

@@ -87,6 +87,18 @@ def test_the_example_grpo_trains_through_the_sdk_with_its_own_reward(platform):
     assert out["held_out_reward_after"] > out["held_out_reward_before"], out
 
 
+def test_the_example_fine_tuning_loop_trains_through_the_sdk(platform):
+    client = organization("sft", platform)
+    done = subprocess.run([sys.executable, "examples/sft.py", "--url", platform, "--token", client.token,
+                           "--steps", "15"], capture_output=True, text=True, timeout=500, cwd=live.REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    losses = [float(line.rsplit(" ", 1)[1]) for line in done.stderr.splitlines() if line.startswith("step ")]
+    assert len(losses) == 15
+    assert losses[-1] < losses[0]  # it learns the answers it is shown
+    assert out["held_out_accuracy_after"] >= out["held_out_accuracy_before"], out
+
+
 def _step(session, seed: int) -> None:
     """One pipelined GRPO-like step of a session: every call sent before the first answer."""
     out = session.generate(texts=["2+3=", "11+4="], n=4, max_tokens=3, seed=seed)

@@ -184,6 +184,16 @@ class Session:
     def load_checkpoint(self, tag: str) -> dict[str, Any]:
         return self.load_checkpoint_async(tag).result()
 
+    def tokenize_async(self, texts: list[str], *, eos: bool = False, special: bool = False) -> Future:
+        return self._call("tokenize", {"texts": list(texts), "eos": eos, "special": special},
+                          lambda result: result["token_ids"])
+
+    def tokenize(self, texts: list[str], *, eos: bool = False, special: bool = False) -> list[list[int]]:
+        """The texts as the model's tokenizer reads them: ``special``, with its special tokens, as
+        ``generate`` encodes prompts; ``eos``: each ending with the end-of-sequence token, as a
+        completion the model should learn to stop after."""
+        return self.tokenize_async(texts, eos=eos, special=special).result()
+
     def export_async(self) -> Future:
         return self._call("export", {})
 
