@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -19,11 +20,13 @@ from plexrl_client import BadRequest, Conflict, NotFound, PayloadTooLarge, Servi
 from tests.platform import live
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
+HOMES: dict[str, Path] = {}  # a live platform's URL -> its data directory
 
 
 @pytest.fixture(scope="module")
 def platform(engine_home, django_db_setup, tmp_path_factory) -> Iterator[str]:
-    """A Ray head node, a Celery worker and daphne, all on it; the platform's base URL."""
+    """A Ray head node, a Celery worker and daphne, all on it; the platform's base URL (its data
+    directory is ``HOMES[url]``)."""
     tmp = tmp_path_factory.mktemp("sessions")
     home = tmp / "home"
     home.mkdir()
@@ -35,6 +38,7 @@ def platform(engine_home, django_db_setup, tmp_path_factory) -> Iterator[str]:
         env = env | {"RAY_ADDRESS": address}
         worker = live.celery_worker(env, tmp, beat=True)  # its beat pulls the jobs' events
         server, url = live.asgi_server(env, tmp)
+        HOMES[url] = home
         try:
             yield url
         finally:
@@ -142,3 +146,34 @@ def test_two_organizations_sessions_share_the_groups_each_sees_its_own_and_each_
     assert all(rows and all(seconds > 0 for _, seconds in rows) for rows in billed.values())
     assert {w for w, _ in billed[a.id]} & {w for w, _ in billed[g.id]}  # one shared worker group at least
     assert {u["job"] for u in acme.usage()} == {a.id}  # each organization's bill is its own session's
+
+
+def test_the_platforms_own_grpo_through_the_sdk_logs_the_preset_jobs_metrics_byte_for_byte(platform, monkeypatch):
+    """``engine.rl.grpo`` run here, every call through the SDK over HTTP (``RemoteClient`` over a
+    ``Session``'s numbered calls), against the same job run as a preset on the platform."""
+    from engine.paths import events_path
+    from engine.rl import grpo
+    from engine.service.remote_loop import RemoteClient
+    from engine.spec import JobSpec
+    from plexrl_client import Session
+    from tests.platform.builders import ENGINE_SPEC
+
+    monkeypatch.setenv("PLEXRL_HOME", str(HOMES[platform]))  # the tokenizer, read here from the model's folder
+    client = organization("integrity", platform)
+    preset = client.submit(ENGINE_SPEC, name="preset")
+    opened = client._json("POST", "sessions/", body={"model": "tiny-arith", "rollout": "torch", "trainer": "torch"})
+    session = Session(client, opened)
+    spec = JobSpec.from_dict(ENGINE_SPEC)
+    loop = RemoteClient(session._call, spec.model)  # the SDK's futures answer the engine's JSON
+    grpo.train(loop, job=f"job-{opened['id']}", model=spec.model, task=spec.task, steps=spec.steps, seed=spec.seed,
+               config=spec.grpo, tools=None, dataset=None)
+    session.close()
+    for job_id in (preset["id"], opened["id"]):
+        ingested(job_id)
+
+    def logged_metrics(job_id: int) -> list[str]:
+        lines = events_path(HOMES[platform], f"job-{job_id}").read_text().splitlines()
+        return [json.dumps(e["data"]) for e in map(json.loads, lines) if e["kind"] == "metrics"]
+
+    assert len(logged_metrics(preset["id"])) == spec.steps
+    assert logged_metrics(opened["id"]) == logged_metrics(preset["id"])
