@@ -141,8 +141,14 @@ def test_the_state_manager_killed_mid_run_loses_no_job(engine, plain, plexrl_hom
     jobs = ("rec-state-a", "rec-state-b", "rec-state-c")  # three on groups that hold two: they swap
     for job in jobs:
         engine.submit_job(job, SPEC)
-    wait_for_step(engine, "rec-state-a", 1)
+    # all paused mid-run, so that none can end before the kill: a state is then off the devices,
+    # in the manager (a job's step takes a fraction of a second here)
+    pause_after_step(engine, "rec-state-a", 1)
+    for job in jobs[1:]:
+        engine.pause(job)
     ray.kill(state_manager(plexrl_home), no_restart=True)
+    for job in jobs:
+        engine.resume(job)
     restarts = 0
     for job in jobs:
         events = wait_for(engine, job, finished)
