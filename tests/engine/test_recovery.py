@@ -127,11 +127,16 @@ def test_a_rollout_rank_killed_mid_generate_is_replaced_and_the_job_resumes(engi
 
 
 def test_the_scheduler_killed_mid_run_resumes_every_job(engine, plain):
-    for job in ("rec-sched-a", "rec-sched-b"):
+    jobs = ("rec-sched-a", "rec-sched-b")
+    for job in jobs:
         engine.submit_job(job, SPEC)
-    wait_for_step(engine, "rec-sched-a", 1)
+    pause_after_step(engine, jobs[0], 1)  # both paused mid-run: neither can end before the kill
+    engine.pause(jobs[1])
     ray.kill(ray.get_actor("plexrl-scheduler"), no_restart=True)
-    for job in ("rec-sched-a", "rec-sched-b"):
+    for job in jobs:  # each resumes on a new scheduler, still paused, as it was
+        wait_for(engine, job, recoveries)
+        assert engine.resume(job)["state"] == "running"
+    for job in jobs:
         assert_recovered(wait_for(engine, job, finished), plain)
 
 
