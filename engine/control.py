@@ -181,10 +181,9 @@ class EngineClient:
         ``result()`` is the JSON result. Waits up to ``wait_s`` (None: ``timeout_s``) for a session
         still queued for groups, then raises SessionPending (nothing was sent). SessionClosed: it
         has ended; ValueError: it is not a session."""
-        import ray
 
         driver = self._sessions.get(job_id) or self._session_driver(job_id, wait_s)
-        return SessionCall(self, job_id, driver.call.remote(seq, fn, args), ray)
+        return SessionCall(self, job_id, driver.call.remote(seq, fn, args))
 
     def _session_driver(self, job_id: str, wait_s: float | None) -> Any:
         """The session's driver, once the service has it: a session not submitted yet (its launch
@@ -216,10 +215,9 @@ class EngineClient:
         """The answer of call ``seq`` of session ``job_id``, sent before: its JSON result, or the
         error it raised. TimeoutError: not there within ``wait_s``; LookupError: no longer kept;
         SessionPending: the session is still queued for groups."""
-        import ray
 
         driver = self._sessions.get(job_id) or self._session_driver(job_id, 0.0)
-        return SessionCall(self, job_id, driver.result.remote(seq, wait_s), ray).result()
+        return SessionCall(self, job_id, driver.result.remote(seq, wait_s)).result()
 
     def session_call(self, job_id: str, seq: int, fn: str, args: dict[str, Any], *,
                      wait_s: float | None = None) -> dict[str, Any]:
@@ -254,11 +252,12 @@ class EngineClient:
 class SessionCall:
     """A session call on its way (``EngineClient.session_submit``); ``result()`` waits for it."""
 
-    def __init__(self, client: EngineClient, job_id: str, ref: Any, ray: Any):
-        self._client, self._job, self._ref, self._ray = client, job_id, ref, ray
+    def __init__(self, client: EngineClient, job_id: str, ref: Any):
+        self._client, self._job, self._ref = client, job_id, ref
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
-        ray = self._ray
+        import ray
+
         try:
             return ray.get(self._ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError:

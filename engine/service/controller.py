@@ -340,18 +340,20 @@ class EngineService:
     def session(self, job_id: str) -> Any:
         """The driver of session ``job_id`` to send its calls to; None while it waits for groups.
         SessionClosed: it has ended (why, from its log); ValueError: the job is not a session."""
-        status = self.status(job_id)
+        with self.lock:  # a job of this service's: its spec is at hand, its log needs no reading
+            job = self.jobs.get(job_id)
+            if job is not None:
+                _check_session(job_id, job[0].algorithm)
+                running = job_id in self.drivers and job_id not in self.cancelling
+                return self.drivers[job_id] if running else None  # else: queued for groups
+        status = self.status(job_id)  # ended, or being submitted
         spec = next((e["data"] for e in read_events(events_path(self.data_dir, job_id), limit=4)
                      if e["kind"] == "spec"), None)
         if spec is None:
             return None  # being submitted: its spec is the log's next line
-        if spec.get("algorithm") != SESSION:
-            raise ValueError(f"job {job_id} is not a session: it runs the {spec.get('algorithm')} algorithm itself")
-        with self.lock:
-            if job_id in self.drivers and job_id not in self.cancelling:
-                return self.drivers[job_id]
-            if job_id in self.jobs and status.get("state") not in TERMINAL_STATES:
-                return None  # queued for groups
+        _check_session(job_id, spec.get("algorithm"))
+        if status.get("state") not in TERMINAL_STATES:
+            return None  # being submitted: queued once the service holds it
         raise SessionClosed(job_id, status.get("reason") or status.get("state", "ended"))
 
     def events(self, job_id: str, after_seq: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
@@ -755,6 +757,11 @@ class EngineService:
         self._drop_calls_and_states(job_id)
         _append_recovery(self.data_dir, job_id, why, self.recoveries.get(job_id, 0),
                          read_events(events_path(self.data_dir, job_id)))
+
+
+def _check_session(job_id: str, algorithm: str | None) -> None:
+    if algorithm != SESSION:
+        raise ValueError(f"job {job_id} is not a session: it runs the {algorithm} algorithm itself")
 
 
 def _append_recovery(data_dir: Path, job_id: str, why: str, attempt: int, events: list[dict[str, Any]]) -> None:

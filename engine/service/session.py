@@ -49,7 +49,6 @@ class SessionDriver:
         self.handles: dict[str, ModelHandle] = {}
         self.cv = threading.Condition()
         self.next_seq = 1  # the number of the call that goes to the scheduler next
-        self.running = 0  # calls submitted whose results are not back yet
         self.last = time.monotonic()  # when a call last came or ended
         self.calls = 0
         self.in_flight: set[int] = set()  # numbers of the calls submitted and not answered yet
@@ -72,10 +71,10 @@ class SessionDriver:
         with self.cv:
             while self.ended is None:
                 idle = time.monotonic() - self.last
-                if self.running == 0 and idle >= self.idle_s:
+                if not self.in_flight and idle >= self.idle_s:
                     self.ended = f"closed after {self.idle_s:g} s without a call"
                     break
-                self.cv.wait(timeout=max(0.05, self.idle_s - idle) if self.running == 0 else 1.0)
+                self.cv.wait(timeout=1.0 if self.in_flight else max(0.05, self.idle_s - idle))
             self.cv.notify_all()  # calls waiting for their turn learn that the session ended
         if self.fault is not None:  # the engine service fails the session with it
             raise EngineFault(f"{type(self.fault).__name__}: {self.fault}")
@@ -87,7 +86,7 @@ class SessionDriver:
     def close(self, reason: str = "closed by the tenant") -> dict[str, Any]:
         """End the session once the calls already submitted are answered."""
         with self.cv:
-            while self.running:
+            while self.in_flight:
                 self.cv.wait(timeout=1.0)
             if self.ended is None:
                 self.ended = reason
@@ -107,7 +106,6 @@ class SessionDriver:
             raise
         with self.cv:
             self._wait_turn(seq)
-            self.running += 1
             self.in_flight.add(seq)
             self.last = time.monotonic()
             try:
@@ -151,7 +149,6 @@ class SessionDriver:
     def _answered(self, seq: int, exc: BaseException | None, out: dict[str, Any] | None = None) -> None:
         """Call ``seq`` is done: ``out``, or how it failed (``exc``); kept for ``result`` (the last
         ``KEEP_ANSWERS``). An engine fault ends the session. Holds the lock."""
-        self.running -= 1
         self.calls += 1
         self.last = time.monotonic()
         self.in_flight.discard(seq)

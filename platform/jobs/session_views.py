@@ -167,5 +167,5 @@ class SessionCallAnswerView(SessionView):
         job = self.session()
         query = SessionWaitSerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
-        return _answer(seq, lambda: engine().session_result(job.engine_id, seq, query.validated_data.get("wait", 20.0)))
+        return _answer(seq, lambda: engine().session_result(job.engine_id, seq, query.validated_data["wait"]))
 
