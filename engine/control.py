@@ -47,6 +47,7 @@ __all__ = [  # what the control plane uses, besides EngineClient
     "SESSION_CALLS",
     "EngineClient",
     "LedgerTotals",
+    "ServiceConfig",
     "estimate",
     "is_model_dir",
     "ledger_totals",
@@ -212,12 +213,12 @@ class EngineClient:
         return RemoteClient(lambda fn, args: self.session_submit(job_id, next(numbers), fn, args), model)
 
     def session_result(self, job_id: str, seq: int, wait_s: float) -> dict[str, Any]:
-        """The answer of call ``seq`` of session ``job_id``, sent before: its JSON result, or the
-        error it raised. TimeoutError: not there within ``wait_s``; LookupError: no longer kept;
+        """The answer of call ``seq`` of session ``job_id``, sent before (``SessionCall.answer``),
+        or the error it raised. TimeoutError: not there within ``wait_s``; LookupError: no longer kept;
         SessionPending: the session is still queued for groups."""
 
         driver = self._sessions.get(job_id) or self._session_driver(job_id, 0.0)
-        return SessionCall(self, job_id, driver.result.remote(seq, wait_s)).result()
+        return SessionCall(self, job_id, driver.result.remote(seq, wait_s)).answer()
 
     def session_call(self, job_id: str, seq: int, fn: str, args: dict[str, Any], *,
                      wait_s: float | None = None) -> dict[str, Any]:
@@ -256,6 +257,11 @@ class SessionCall:
         self._client, self._job, self._ref = client, job_id, ref
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
+        """The call's JSON result."""
+        return self.answer(timeout)["result"]
+
+    def answer(self, timeout: float | None = None) -> dict[str, Any]:
+        """``result`` and ``engine_ms``, what the call took in the engine (``SessionDriver.call``)."""
         import ray
 
         try:

@@ -8,9 +8,9 @@ import argparse
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
     """Register ``plexrl bench`` and its benchmarks (called by ``engine.cli``)."""
-    from engine.bench import backend_speed, cluster_bench, engine_calls, mux, state_swaps
+    from engine.bench import backend_speed, cluster_bench, engine_calls, mux, remote, state_swaps
 
     p = sub.add_parser("bench", help="benchmarks (print, never assert)")
     bsub = p.add_subparsers(dest="bench_cmd", required=True)
-    for bench in (engine_calls, backend_speed, state_swaps, mux, cluster_bench):
+    for bench in (engine_calls, backend_speed, state_swaps, mux, cluster_bench, remote):
         bench.add_parser(bsub)

@@ -54,7 +54,7 @@ class SessionDriver:
         self.in_flight: set[int] = set()  # numbers of the calls submitted and not answered yet
         self.waiting: set[int] = set()  # numbers of the calls waiting for their turn
         self.refused: set[int] = set()  # numbers ahead whose calls were refused before their turn
-        self.answers: OrderedDict[int, tuple[bool, Any]] = OrderedDict()  # number -> (ok, result or error)
+        self.answers: OrderedDict[int, tuple[bool, Any]] = OrderedDict()  # number -> (ok, answer or error)
         self.ended: str | None = None  # why the session ended (None: open)
         self.fault: BaseException | None = None
 
@@ -95,10 +95,13 @@ class SessionDriver:
 
     def call(self, seq: int, fn: str, args: dict[str, Any]) -> dict[str, Any]:
         """Call number ``seq`` of the session: ``fn`` (``session_calls.SESSION_CALLS``) with its
-        JSON ``args``; its JSON result. SpecError: bad arguments (nothing was submitted; the
-        number is used all the same); SessionClosed: the session ended first."""
+        JSON ``args``; its answer: ``result`` (JSON) and ``engine_ms``, the milliseconds from its
+        turn to its result (what the call costs in the engine, as a preset job's driver would make
+        it: scheduling and execution, without the transport or the JSON). SpecError: bad arguments
+        (nothing was submitted; the number is used all the same); SessionClosed: the session ended
+        first."""
         if fn == "close":
-            return self.close()
+            return {"engine_ms": 0.0, "result": self.close()}
         try:
             role, kwargs = decode(fn, args)  # checked before its turn: refused at once, holding no one up
         except SpecError as exc:
@@ -107,7 +110,7 @@ class SessionDriver:
         with self.cv:
             self._wait_turn(seq)
             self.in_flight.add(seq)
-            self.last = time.monotonic()
+            self.last = started = time.monotonic()
             try:
                 pending = self._submit(fn, role, kwargs)
             except BaseException as exc:
@@ -117,18 +120,19 @@ class SessionDriver:
                 self.next_seq += 1  # its turn is over, submitted or refused
                 self._advance()
         try:
-            out = encode(fn, pending() if callable(pending) else pending)
+            value = pending() if callable(pending) else pending
+            answer = {"engine_ms": (time.monotonic() - started) * 1e3, "result": encode(fn, value)}
         except BaseException as exc:
             with self.cv:
                 self._answered(seq, exc)
             raise
         with self.cv:
-            self._answered(seq, None, out)
-        return out
+            self._answered(seq, None, answer)
+        return answer
 
     def result(self, seq: int, wait_s: float) -> dict[str, Any]:
-        """The answer of call ``seq``, sent before (by ``call``), once it is there: its result, or
-        the error it raised. TimeoutError: not yet, after ``wait_s``; SessionClosed: the session
+        """The answer of call ``seq``, sent before (by ``call``), once it is there (as ``call``
+        returns it), or the error it raised. TimeoutError: not yet, after ``wait_s``; SessionClosed: the session
         ended before the call came; LookupError: it came and its answer is no longer kept."""
         deadline = time.monotonic() + wait_s
         with self.cv:

@@ -74,6 +74,22 @@ ALLOWED_HOSTS = [host.strip() for host in _hosts.split(",") if host.strip()]
 REDIS_URL = os.environ.get("REDIS_URL") or None
 RAY_ADDRESS = os.environ.get("RAY_ADDRESS") or None
 
+
+def _env_seconds(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    try:
+        seconds = float(value) if value else default
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ImproperlyConfigured(f"{name}={value!r} is not a positive number of seconds.")
+    return seconds
+
+
+# A session no call has come for this long is closed by the engine, its states dropped and its
+# billing stopped (the engine service takes it when it starts: the first platform process's value).
+SESSION_IDLE_S = _env_seconds("PLEXRL_SESSION_IDLE_S", 600.0)
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

@@ -11,7 +11,7 @@ import threading
 
 from django.conf import settings
 
-from engine.control import EngineClient
+from engine.control import EngineClient, ServiceConfig
 
 _client: EngineClient | None = None
 _lock = threading.Lock()
@@ -26,5 +26,6 @@ def engine() -> EngineClient:
     global _client  # one client per process, made on first use
     with _lock:
         if _client is None:
-            _client = EngineClient(address=settings.RAY_ADDRESS, data_dir=settings.PLEXRL_HOME)
+            _client = EngineClient(address=settings.RAY_ADDRESS, data_dir=settings.PLEXRL_HOME,
+                                   config=ServiceConfig(session_idle_s=settings.SESSION_IDLE_S))
         return _client

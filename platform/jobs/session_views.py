@@ -72,13 +72,16 @@ class SessionAnswerSerializer(serializers.Serializer):
     seq = serializers.IntegerField()
     state = serializers.CharField(help_text='"done", or "running" (ask again: GET sessions/{id}/calls/{seq}/).')
     result = serializers.DictField(required=False, help_text="The call's result (when done).")
+    engine_ms = serializers.FloatField(required=False, help_text="Milliseconds the call took in the engine, from "
+                                       "its turn to its result (when done); the rest of its time was the way there "
+                                       "and back.")
 
 
 def _answer(seq: int, ask) -> Response:
     """Run ``ask()`` (the engine's answer of call ``seq``) into a response: 200 with its result,
     202 while it runs, the engine's refusals as 400, 409 and 413."""
     try:
-        result = ask()
+        answer = ask()
     except SessionPending:  # nothing was sent: the same call again, later
         raise ServiceUnavailable("the session is not placed yet: send the same call again") from None
     except TimeoutError:
@@ -91,7 +94,7 @@ def _answer(seq: int, ask) -> Response:
         raise Conflict(f"the session is closed: {exc.why}") from None
     except LookupError:  # an answer the engine no longer keeps
         raise Conflict(f"call {seq}'s answer is no longer kept") from None
-    return Response({"seq": seq, "state": "done", "result": result})
+    return Response({"seq": seq, "state": "done", "result": answer["result"], "engine_ms": answer["engine_ms"]})
 
 
 class ServiceUnavailable(exceptions.APIException):
@@ -152,7 +155,7 @@ class SessionCallsView(SessionView):
         call: dict[str, Any] = body.validated_data
         wait = call["wait"]
         return _answer(call["seq"], lambda: engine().session_submit(
-            job.engine_id, call["seq"], call["fn"], call["args"], wait_s=QUEUED_WAIT_S).result(wait))
+            job.engine_id, call["seq"], call["fn"], call["args"], wait_s=QUEUED_WAIT_S).answer(wait))
 
 
 class SessionCallAnswerView(SessionView):

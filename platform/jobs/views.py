@@ -13,15 +13,17 @@ from pathlib import Path
 from django.db.models import QuerySet
 from django.http import FileResponse, Http404
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, OpenApiTypes, extend_schema
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
 from accounts.api import EmptySerializer, OrgGenericAPIView, require_role, role_map
 from accounts.models import Role
 from jobs import selectors, services
 from jobs.models import Job
+from jobs.renderers import JSONLinesRenderer
 from jobs.serializers import (
     ArtifactSerializer,
     ConflictSerializer,
@@ -177,14 +179,26 @@ class JobResumeView(JobView):
 
 
 class JobMetricsView(JobView):
-    """``GET jobs/{id}/metrics/``: the job's metrics, one row per step, by step."""
+    """``GET jobs/{id}/metrics/``: the job's metrics, one row per step, by step (paginated).
+    ``?format=jsonl`` (or ``Accept: application/jsonl``): all of them as ``metrics.jsonl``, each
+    step's numbers a line, as ``plexrl train`` writes them (keys sorted)."""
 
     required_roles = role_map(GET=Role.VIEWER)
     serializer_class = JobMetricSerializer
+    renderer_classes = (*api_settings.DEFAULT_RENDERER_CLASSES, JSONLinesRenderer)
 
-    @extend_schema(summary="List a job's metrics", responses=JobMetricSerializer(many=True))
+    @extend_schema(
+        summary="List a job's metrics",
+        parameters=[OpenApiParameter("format", OpenApiTypes.STR, enum=["json", "jsonl"],
+                                     description="jsonl: every step's numbers, a line each (metrics.jsonl).")],
+        responses={(200, "application/json"): JobMetricSerializer(many=True),
+                   (200, "application/jsonl"): OpenApiTypes.STR},
+    )
     def get(self, request: Request, job_id: int) -> Response:
-        page = self.paginate_queryset(selectors.metrics_of(job=self.get_object()))
+        metrics = selectors.metrics_of(job=self.get_object())
+        if isinstance(request.accepted_renderer, JSONLinesRenderer):
+            return Response([row.data for row in metrics])
+        page = self.paginate_queryset(metrics)
         return self.get_paginated_response(JobMetricSerializer(page, many=True).data)
 
 

@@ -466,6 +466,22 @@ def test_metrics_are_listed_by_step(tenant, other_tenant, token_client):
     assert JobMetric.objects.count() == 3
 
 
+def test_metrics_download_as_jsonl_a_step_a_line_with_sorted_keys(tenant, other_tenant, token_client):
+    job = make_job(tenant)
+    ingest(job, metrics_event(2, 2, loss=0.7), metrics_event(1, 1, loss=0.25))
+    viewer = token_client(tenant.viewer, tenant.organization)
+    response = viewer.get(job_url(job, "metrics"), {"format": "jsonl"})
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("application/jsonl")
+    assert response.content == (b'{"loss": 0.25, "reward": 0.5, "step": 1}\n'
+                                b'{"loss": 0.7, "reward": 0.5, "step": 2}\n')
+    by_accept = viewer.get(job_url(job, "metrics"), HTTP_ACCEPT="application/jsonl")
+    assert by_accept.content == response.content
+    assert viewer.get(job_url(make_job(tenant), "metrics"), {"format": "jsonl"}).content == b""
+    theirs = token_client(other_tenant.viewer, other_tenant.organization)
+    assert theirs.get(job_url(job, "metrics"), {"format": "jsonl"}).status_code == 404
+
+
 def test_events_are_listed_by_seq_from_a_cursor(tenant, token_client):
     job = make_job(tenant)
     ingest(

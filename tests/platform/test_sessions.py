@@ -21,6 +21,7 @@ from tests.platform import live
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
 HOMES: dict[str, Path] = {}  # a live platform's URL -> its data directory
+SESSION_IDLE_S = 15  # the platform's PLEXRL_SESSION_IDLE_S (a loop's calls come far more often)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,7 @@ def platform(engine_home, django_db_setup, tmp_path_factory) -> Iterator[str]:
     (home / "models").symlink_to(engine_home / "models")
     broker = redis.Redis.from_url(settings.REDIS_URL)
     broker.flushdb()
-    env = live.platform_env(home)
+    env = live.platform_env(home) | {"PLEXRL_SESSION_IDLE_S": str(SESSION_IDLE_S)}
     with live.ray_cluster(env, tmp) as address:
         env = env | {"RAY_ADDRESS": address}
         worker = live.celery_worker(env, tmp, beat=True)  # its beat pulls the jobs' events
@@ -148,7 +149,8 @@ def test_two_organizations_sessions_share_the_groups_each_sees_its_own_and_each_
     assert {u["job"] for u in acme.usage()} == {a.id}  # each organization's bill is its own session's
 
 
-def test_the_platforms_own_grpo_through_the_sdk_logs_the_preset_jobs_metrics_byte_for_byte(platform, monkeypatch):
+def test_the_platforms_own_grpo_through_the_sdk_gives_the_preset_jobs_metrics_jsonl_byte_for_byte(platform,
+                                                                                                   monkeypatch):
     """``engine.rl.grpo`` run here, every call through the SDK over HTTP (``RemoteClient`` over a
     ``Session``'s numbered calls), against the same job run as a preset on the platform."""
     from engine.paths import events_path
@@ -177,3 +179,49 @@ def test_the_platforms_own_grpo_through_the_sdk_logs_the_preset_jobs_metrics_byt
 
     assert len(logged_metrics(preset["id"])) == spec.steps
     assert logged_metrics(opened["id"]) == logged_metrics(preset["id"])
+    downloaded = client.metrics_jsonl(preset["id"])  # metrics.jsonl, as the tenant downloads it
+    assert downloaded.count(b"\n") == spec.steps
+    assert client.metrics_jsonl(opened["id"]) == downloaded
+
+
+def test_an_idle_session_is_closed_its_calls_answer_409_and_its_billing_stops(platform):
+    import time
+
+    from billing.models import UsageEntry
+
+    client = organization("idle", platform)
+    session = client.create_session("tiny-arith", rollout="torch", trainer="torch")
+    session.generate(texts=["1+2="], n=2, max_tokens=2)
+    answered = time.monotonic()
+    timing = session.timings[-1]  # where the call's time went: the engine's part is within it
+    assert timing.fn == "generate"
+    assert 0 < timing.engine_seconds < timing.seconds
+    while client.job(session.id)["state"] not in ("succeeded", "failed", "cancelled"):
+        assert time.monotonic() - answered < SESSION_IDLE_S + 60, "the idle session was not closed"
+        time.sleep(0.5)
+    job = client.job(session.id)
+    assert job["state"] == "succeeded"
+    assert time.monotonic() - answered >= SESSION_IDLE_S - 1
+    assert f"closed after {SESSION_IDLE_S} s without a call" in job["state_reason"]
+    with pytest.raises(Conflict):
+        session.optim_step()
+    ingested(session.id)
+    billed = UsageEntry.objects.filter(job_id=session.id).count()
+    assert billed > 0
+    time.sleep(2.0)
+    ingested(session.id)
+    assert UsageEntry.objects.filter(job_id=session.id).count() == billed  # nothing after the close
+
+
+def test_the_remote_bench_measures_the_sdk_paths_overhead_and_pipelined_calls(platform):
+    """``plexrl bench remote``'s measurement, on this live platform (the command starts its own)."""
+    from engine.bench.remote import measure
+
+    session = organization("bench", platform).create_session("tiny-arith", rollout="torch", trainer="torch")
+    result = measure(session, calls=6, pipeline=3, rows=2)
+    session.close()
+    assert result["sdk_call"]["p50_ms"] > result["in_engine_call"]["p50_ms"] > 0
+    assert result["remote_overhead_p50_ms"] > 0
+    assert result["calls_per_s_sequential"] > 0
+    assert result["calls_per_s_pipelined"] > 0
+    assert len(session.timings) == 6 + 6 + 1  # the one-at-a-time calls, the pipelined ones, close

@@ -215,6 +215,12 @@ class ServiceClient:
         rows = self._all(f"jobs/{int(job_id)}/metrics/")
         return rows if after_step is None else [r for r in rows if r["step"] > after_step]
 
+    def metrics_jsonl(self, job_id: int) -> bytes:
+        """The job's ``metrics.jsonl``: each step's numbers, a JSON object a line (keys sorted), as
+        ``plexrl train`` writes them; same seed, same job, same bytes."""
+        return self._send(self._url(f"jobs/{int(job_id)}/metrics/", {"format": "jsonl"}), token=self.token,
+                          accept="application/jsonl", timeout=self.timeout)
+
     def events(self, job_id: int, *, after_seq: int = 0, kind: str | None = None) -> list[dict[str, Any]]:
         """The job's events other than metrics and usage (state changes, logs, artifacts), by
         ``seq``; ``after_seq``: a cursor, only the events after it; ``kind``: only that kind."""

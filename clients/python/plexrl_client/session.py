@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 WAIT_S = 20.0  # how long one request waits for an answer (the server allows up to 60)
 PENDING_RETRY_S = 0.5  # between two sends of a call to a session the platform has not placed yet
 PENDING_LIMIT_S = 600.0  # how long a call waits for the session to be placed at all
+TIMINGS_KEPT = 4096  # calls whose times a session keeps
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,18 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class CallTiming:
+    """Where one call's time went (``Session.timings``): ``seconds`` from the method call to its
+    answer here, of which ``engine_seconds`` in the engine (its turn to its result); the rest was
+    the way there and back (HTTP, the web server, the queue of calls sent before it)."""
+
+    seq: int
+    fn: str
+    seconds: float
+    engine_seconds: float
+
+
+@dataclass(frozen=True)
 class LossResult:
     loss: float
     tokens: int
@@ -77,6 +91,8 @@ class Session:
         self._next = next_seq
         self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"plexrl-session-{self.id}-send")  # in order
         self._waiters = ThreadPoolExecutor(16, thread_name_prefix=f"plexrl-session-{self.id}-wait")
+        self._blocking = threading.local()  # .wait: how long the calling thread's request waits
+        self.timings: deque[CallTiming] = deque(maxlen=TIMINGS_KEPT)  # the last calls' times, oldest first
 
     # -- transport -------------------------------------------------------------------------
     def _post(self, seq: int, fn: str, args: dict[str, Any], wait: float) -> dict[str, Any]:
@@ -90,22 +106,37 @@ class Session:
                     raise
                 time.sleep(PENDING_RETRY_S)
 
-    def _finish(self, seq: int, posted: Future, decode) -> Any:
+    def _finish(self, seq: int, fn: str, called: float, posted: Future, decode) -> Any:
         answer = posted.result()
         while answer["state"] != "done":
             answer = self.client._json("GET", f"sessions/{self.id}/calls/{seq}/", query={"wait": WAIT_S})
+        self.timings.append(CallTiming(seq, fn, time.perf_counter() - called, answer["engine_ms"] / 1e3))
         return decode(answer["result"])
 
-    def _call(self, fn: str, args: dict[str, Any], decode=lambda result: result, *, wait: float = 0.0) -> Future:
-        """Number the call and send it (in number order, from one thread); the future of its result."""
+    def _call(self, fn: str, args: dict[str, Any], decode=lambda result: result) -> Future:
+        """Number the call and send it (in number order, from one thread); the future of its result.
+        Made by a blocking method (``_sync``), the request waits for the answer (one round trip);
+        made by an ``_async`` one, it returns at once and the answer is long-polled for, so the
+        next call can be sent meanwhile."""
+        wait = getattr(self._blocking, "wait", 0.0)
+        called = time.perf_counter()
         with self._lock:
             seq = self._next
             self._next += 1
             posted = self._sender.submit(self._post, seq, fn, args, wait)
-        return self._waiters.submit(self._finish, seq, posted, decode)
+        return self._waiters.submit(self._finish, seq, fn, called, posted, decode)
+
+    def _sync(self, make_call, *args: Any, **kwargs: Any) -> Any:
+        """``make_call(*args, **kwargs).result()``, its request waiting for the answer."""
+        self._blocking.wait = WAIT_S
+        try:
+            future = make_call(*args, **kwargs)
+        finally:
+            self._blocking.wait = 0.0
+        return future.result()
 
     def _now(self, fn: str, args: dict[str, Any], decode=lambda result: result) -> Any:
-        return self._call(fn, args, decode, wait=WAIT_S).result()
+        return self._sync(self._call, fn, args, decode)
 
     # -- the function API --------------------------------------------------------------------
     def create_model(self, role: str = "policy", *, trainable: bool = False,
@@ -131,7 +162,7 @@ class Session:
     def generate(self, prompts: list[list[int]] | None = None, **kwargs: Any) -> Generation:
         """Samples of each prompt (token ids, or ``texts=[...]``): ``n``, ``temperature`` (0:
         greedy), ``max_tokens``, ``seed`` (same seed and inputs, same samples), ``stop_token_ids``."""
-        return self.generate_async(prompts, **kwargs).result()
+        return self._sync(self.generate_async, prompts, **kwargs)
 
     def forward_async(self, prompts: list[list[int]], completions: list[list[int]], *, role: str = "policy") -> Future:
         return self._call("forward", {"role": role, "batch": _batch(prompts, completions)},
@@ -140,7 +171,7 @@ class Session:
     def forward(self, prompts: list[list[int]], completions: list[list[int]], *,
                 role: str = "policy") -> list[list[float]]:
         """Each completion's per-token log-probs under the model's current weights."""
-        return self.forward_async(prompts, completions, role=role).result()
+        return self._sync(self.forward_async, prompts, completions, role=role)
 
     def forward_backward_async(self, prompts: list[list[int]], completions: list[list[int]], *,
                                loss: str = "grpo", advantages: list[float] | None = None,
@@ -156,33 +187,33 @@ class Session:
         """The loss (``grpo``: per-row ``advantages``, ``old_logprobs`` per token, optional
         ``ref_logprobs``; ``cross_entropy``: the completions as targets) and its gradients, which
         add up until ``optim_step``."""
-        return self.forward_backward_async(prompts, completions, **kwargs).result()
+        return self._sync(self.forward_backward_async, prompts, completions, **kwargs)
 
     def optim_step_async(self, *, role: str = "policy") -> Future:
         return self._call("optim_step", {"role": role})
 
     def optim_step(self, *, role: str = "policy") -> dict[str, Any]:
         """Apply the gradients: ``{"grad_norm", "tokens"}``."""
-        return self.optim_step_async(role=role).result()
+        return self._sync(self.optim_step_async, role=role)
 
     def sync_weights_async(self) -> Future:
         return self._call("sync_weights", {"role": "policy"})
 
     def sync_weights(self) -> dict[str, Any]:
         """The trained weights become the ones ``generate`` samples from."""
-        return self.sync_weights_async().result()
+        return self._sync(self.sync_weights_async)
 
     def save_checkpoint_async(self, tag: str) -> Future:
         return self._call("save_checkpoint", {"role": "policy", "tag": tag})
 
     def save_checkpoint(self, tag: str) -> dict[str, Any]:
-        return self.save_checkpoint_async(tag).result()
+        return self._sync(self.save_checkpoint_async, tag)
 
     def load_checkpoint_async(self, tag: str) -> Future:
         return self._call("load_checkpoint", {"role": "policy", "tag": tag})
 
     def load_checkpoint(self, tag: str) -> dict[str, Any]:
-        return self.load_checkpoint_async(tag).result()
+        return self._sync(self.load_checkpoint_async, tag)
 
     def tokenize_async(self, texts: list[str], *, eos: bool = False, special: bool = False) -> Future:
         return self._call("tokenize", {"texts": list(texts), "eos": eos, "special": special},
@@ -192,21 +223,21 @@ class Session:
         """The texts as the model's tokenizer reads them: ``special``, with its special tokens, as
         ``generate`` encodes prompts; ``eos``: each ending with the end-of-sequence token, as a
         completion the model should learn to stop after."""
-        return self.tokenize_async(texts, eos=eos, special=special).result()
+        return self._sync(self.tokenize_async, texts, eos=eos, special=special)
 
     def export_async(self) -> Future:
         return self._call("export", {})
 
     def export(self) -> dict[str, Any]:
         """The policy's weights now, as a Hugging Face folder: the job's ``final`` artifact."""
-        return self.export_async().result()
+        return self._sync(self.export_async)
 
     def log_metrics_async(self, step: int, **values: float) -> Future:
         return self._call("log_metrics", {"step": step, "values": values})
 
     def log_metrics(self, step: int, **values: float) -> None:
         """A step's numbers, drawn on the session's page as a job's curves are."""
-        self.log_metrics_async(step, **values).result()
+        self._sync(self.log_metrics_async, step, **values)
 
     def close(self) -> dict[str, Any]:
         """End the session once its calls are answered; its devices go to others, its billing stops."""
