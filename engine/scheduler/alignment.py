@@ -78,9 +78,8 @@ class Aligner:
         if job not in self.slots:
             starts = self.boundaries.setdefault(job, [])
             starts.append(now)
-            if len(starts) <= self.profile_steps or not self.pools:
+            if len(starts) <= self.profile_steps or not self.pools or not self._place(job, starts):
                 return 0.0
-            self._place(job, starts)
         slot = self.slots[job]
         assert self.origin is not None
         return start_delay(now, self.origin, slot.period_s, slot.offset_s, self.max_delay_s)
@@ -105,8 +104,17 @@ class Aligner:
             return laid(Horizon(self.period_s, sum(self.pools.values())), {"rollout", "train"})
         return {kind: laid(Horizon(self.period_s, n), {kind}) for kind, n in self.pools.items()}
 
-    def _place(self, job: str, starts: list[float]) -> None:
-        period, phases = demand_from_profile(starts, self.calls.pop(job, []))
+    def _place(self, job: str, starts: list[float]) -> bool:
+        """Place ``job`` by its profile; False where the profile has no step shape to lay (steps
+        without calls: a session whose loop logs its metrics with no call between), and the job
+        is profiled again from its last boundary on, unheld meanwhile."""
+        calls = self.calls.pop(job, [])
+        try:
+            period, phases = demand_from_profile(starts, calls)
+        except ValueError:  # the profile's own shape (demand_from_profile's checks); nothing placed
+            self.boundaries[job] = [starts[-1]]
+            self.calls[job] = [c for c in calls if c[1] >= starts[-1]]
+            return False
         self.boundaries.pop(job, None)
         demand = JobDemand(job, period, phases, ARCH, 0, 0)
         if self.origin is None:
@@ -118,3 +126,4 @@ class Aligner:
                             offset_step_s=max(period / self.offset_steps, 1e-3))
         self.demands[job] = demand
         self.slots[job] = Slot(period, shift.offset_s % period if math.isfinite(shift.offset_s) else 0.0)
+        return True

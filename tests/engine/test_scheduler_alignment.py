@@ -34,6 +34,20 @@ def test_a_second_job_is_shifted_into_the_first_ones_idle_windows():
     assert aligner.boundary("a", 10.0) == 0.0  # a is on its grid
 
 
+def test_steps_without_calls_are_not_placed_and_the_job_is_profiled_again():
+    """A session's loop marks a step with each ``log_metrics``; several with no call between
+    leave a profile without a step shape: nothing is placed or held (it used to raise, failing
+    every call of every job), and the profile is taken again from there."""
+    aligner = Aligner(profile_steps=2, max_delay_s=1.5, offset_steps=4)
+    aligner.add_wpg("rollout")
+    aligner.add_wpg("train")
+    assert [aligner.boundary("s", t) for t in (0.0, 0.1, 0.2, 0.3)] == [0.0] * 4
+    assert "s" not in aligner.slots
+    assert aligner.boundaries["s"] == [0.2, 0.3]  # profiling again from 0.2, where placing failed
+    _profile(aligner, "s", 1.0)  # then steps with calls: placed as any job
+    assert aligner.slots["s"] == Slot(2.0, 0.0)
+
+
 def test_one_pool_of_wpgs_that_serve_both_phases():
     aligner = Aligner(profile_steps=2, max_delay_s=5.0, offset_steps=4)
     aligner.add_wpg("both")

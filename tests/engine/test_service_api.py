@@ -296,9 +296,15 @@ def test_a_session_takes_calls_in_their_numbers_order_and_refuses_bad_ones_at_on
     assert engine.session_call("svc-sess-calls", 11, "optim_step", {})["tokens"] == loss["tokens"]
     logged = engine.session_call("svc-sess-calls", 12, "log_metrics", {"step": 1, "values": {"reward": 0.5}})
     assert logged == {"step": 1}
-    engine.session_call("svc-sess-calls", 13, "close", {})
+    # each log_metrics marks a step for the scheduler; several with no call between are no step
+    # shape to profile, and the calls after them run (they used to fail in the scheduler)
+    for seq in range(13, 33):
+        engine.session_call("svc-sess-calls", seq, "log_metrics", {"step": seq - 11, "values": {"reward": 0.5}})
+    again = engine.session_call("svc-sess-calls", 33, "forward", {"batch": batch})
+    assert [len(r) for r in again["logprobs"]] == [len(r) for r in forward["logprobs"]]
+    engine.session_call("svc-sess-calls", 34, "close", {})
     events = wait_for(engine, "svc-sess-calls", finished)
-    assert metrics(events) == [{"step": 1, "reward": 0.5}]  # the tenant's own curve
+    assert metrics(events) == [{"step": step, "reward": 0.5} for step in range(1, 22)]  # the tenant's own curve
     assert_released("svc-sess-calls")  # its states leave the groups
 
 
