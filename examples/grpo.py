@@ -3,9 +3,9 @@ here; generation and training run on the platform, shared with everyone else's j
 
     python examples/grpo.py --url http://127.0.0.1:8000 --token $PLEXRL_TOKEN --steps 40
 
-The task: sums of two numbers ("12+7="). The reward is this file's: 1 for the right sum, else up
-to 0.5 the closer the number is to it. Held out: the mean reward of the policy's samples on 64
-problems it never trains on, before and after. Needs only the SDK (``pip install ./clients/python``).
+Sums of two numbers ("12+7="), rewarded by this file: 1 for the right sum, else up to 0.5 the closer
+it is. Held out (64 problems): the samples' mean reward and greedy answers' exact-match accuracy,
+before and after. Needs only the SDK (``pip install ./clients/python``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import sys
 
@@ -26,14 +27,10 @@ def problems(seed: int, count: int) -> list[tuple[str, int]]:
 
 
 def reward(text: str, answer: int) -> float:
-    digits = ""
-    for ch in text.strip():
-        if not ch.isdigit():
-            break
-        digits += ch
-    if not digits:
+    digits = re.match(r"\s*(\d+)", text)
+    if digits is None:
         return 0.0
-    value = int(digits)
+    value = int(digits.group(1))
     return 1.0 if value == answer else 0.5 * max(0.0, 1.0 - abs(value - answer) / max(answer, 10))
 
 
@@ -46,10 +43,13 @@ def advantages(rewards: list[float], group: int) -> list[float]:
     return out
 
 
-def held_out(session, tests: list[tuple[str, int]]) -> float:
-    """The mean reward of the policy's samples on problems it never trains on (fixed seed)."""
+def held_out(session, tests: list[tuple[str, int]]) -> tuple[float, float]:
+    """On problems it never trains on: the mean reward of the policy's samples (fixed seed), and
+    the fraction its greedy answers get exactly right."""
     out = session.generate(texts=[p for p, _ in tests], n=4, temperature=1.0, max_tokens=4, seed=99)
-    return statistics.fmean(reward(c.text, tests[c.prompt_index][1]) for c in out.completions)
+    greedy = session.generate(texts=[p for p, _ in tests], temperature=0.0, max_tokens=4)
+    return (statistics.fmean(reward(c.text, tests[c.prompt_index][1]) for c in out.completions),
+            statistics.fmean(reward(c.text, tests[c.prompt_index][1]) == 1.0 for c in greedy.completions))
 
 
 def main() -> None:
@@ -58,10 +58,12 @@ def main() -> None:
     parser.add_argument("--token", required=True)
     parser.add_argument("--model", default="tiny-arith")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=512)
     parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--warmup", type=int, default=10, help="optimizer steps of learning-rate warm-up")
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--warmup", type=int, default=10, help="steps of learning-rate warm-up")
+    parser.add_argument("--updates", type=int, default=8, help="minibatches a step, an optimizer step each")
+    parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", default="torch", help="rollout and trainer backend")
     args = parser.parse_args()
@@ -69,24 +71,28 @@ def main() -> None:
     client = ServiceClient(args.url, args.token)
     tests = problems(10_000 + args.seed, 64)
     with client.create_session(args.model, rollout=args.backend, trainer=args.backend, name="sdk-grpo",
-                               optimizer={"lr": args.lr, "warmup_steps": args.warmup}) as session:
-        before = held_out(session, tests)
+                               optimizer={"lr": args.lr, "warmup_steps": args.warmup * args.updates,  # cosine to 0
+                                          "decay_steps": args.steps * args.updates}) as session:
+        (before, accuracy_before) = held_out(session, tests)
         for step in range(1, args.steps + 1):
             batch = problems(args.seed * 1_000_003 + step, args.prompts)
-            out = session.generate(texts=[p for p, _ in batch], n=args.group, temperature=1.0, max_tokens=4,
-                                   seed=step)
+            out = session.generate(texts=[p for p, _ in batch], n=args.group, temperature=args.temperature,
+                                   max_tokens=4, seed=step)
             rewards = [reward(c.text, batch[c.prompt_index][1]) for c in out.completions]
-            loss = session.forward_backward(
-                prompts=[out.prompts[c.prompt_index] for c in out.completions],
-                completions=[c.token_ids for c in out.completions], loss="grpo",
-                advantages=advantages(rewards, args.group), old_logprobs=[c.logprobs for c in out.completions])
-            session.optim_step_async()  # pipelined: the next calls queue behind it, in order
+            adv, rows = advantages(rewards, args.group), out.completions
+            for part in (range(u, len(rows), args.updates) for u in range(args.updates)):  # minibatches
+                loss = session.forward_backward(
+                    prompts=[out.prompts[rows[i].prompt_index] for i in part], loss="grpo",
+                    completions=[rows[i].token_ids for i in part], advantages=[adv[i] for i in part],
+                    old_logprobs=[rows[i].logprobs for i in part])
+                session.optim_step_async()  # pipelined: the next calls queue behind it, in order
             session.sync_weights_async()
             session.log_metrics(step, reward_mean=statistics.fmean(rewards), loss=loss.loss)
             print(f"step {step}: reward {statistics.fmean(rewards):.3f}, loss {loss.loss:.4f}", file=sys.stderr)
-        after = held_out(session, tests)
+        (after, accuracy_after) = held_out(session, tests)
         session.log_metrics(args.steps + 1, held_out_reward_before=before, held_out_reward_after=after)
-    print(json.dumps({"session": session.id, "held_out_reward_before": before, "held_out_reward_after": after}))
+    print(json.dumps({"session": session.id, "held_out_reward_before": before, "held_out_reward_after": after,
+                      "held_out_accuracy_before": accuracy_before, "held_out_accuracy_after": accuracy_after}))
 
 
 if __name__ == "__main__":

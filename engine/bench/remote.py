@@ -3,7 +3,8 @@ engine, and how many calls a second one session makes with and without pipelinin
 
 It starts the platform as ``plexrl up`` does (daphne, Celery and the engine on a local Ray, in a
 data directory of its own; the models are the current data directory's), makes an organization
-and a token with ``manage.py``, opens a session through the SDK on loopback, and times:
+and a token with ``manage.py``, opens a session through the SDK on loopback (or, with ``--url``
+and a token, one on a platform already running, as deployed), and times:
 
 - ``forward`` on a fixed batch, one call at a time: for each call the SDK's round trip and the
   engine's own part of it (``engine_ms`` of the answer: the call's turn in the session driver to
@@ -46,6 +47,9 @@ def add_parser(bsub: argparse._SubParsersAction) -> None:
     r.add_argument("--pipeline", type=int, default=16, help="calls in flight in the pipelined run (default 16)")
     r.add_argument("--rows", type=int, default=8, help="rows of each forward call's batch (default 8)")
     r.add_argument("--model", default="tiny-arith")
+    r.add_argument("--url", help="measure the platform running there instead of starting one (as deployed: "
+                                 "its web server, database and cluster)")
+    r.add_argument("--token", help="with --url: an API token of a member (default: $PLEXRL_TOKEN)")
     r.set_defaults(func=cmd_bench_remote)
 
 
@@ -143,24 +147,33 @@ def measure(session, calls: int, pipeline: int, rows: int) -> dict:
         "calls": calls,
         "rows": rows,
         "call": "forward",
-        "server": "plexrl up (daphne, DEBUG off), SDK on loopback",
+        "server": "plexrl up (daphne, SQLite, DEBUG off), SDK on loopback",
     }
 
 
-def bench_remote(calls: int, pipeline: int, rows: int, model: str) -> dict:
-    from engine.models import resolve_model
+def _measure_at(url: str, token: str, model: str, calls: int, pipeline: int, rows: int) -> dict:
     from plexrl_client import ServiceClient
 
+    session = ServiceClient(url, token, timeout=120).create_session(model, rollout="torch", trainer="torch")
+    try:
+        return measure(session, calls, pipeline, rows)
+    finally:
+        session.close()
+
+
+def bench_remote(calls: int, pipeline: int, rows: int, model: str, url: str | None = None,
+                 token: str | None = None) -> dict:
+    """On the platform at ``url`` (with ``token``), else on one started for the run."""
+    from engine.models import resolve_model
+
+    if url is not None:
+        return _measure_at(url, token or "", model, calls, pipeline, rows) | {"server": url}
     resolve_model(model)  # built once in the current data directory; the bench's links to it
     with tempfile.TemporaryDirectory(prefix="plexrl-bench-remote-") as tmp:
         home = Path(tmp)
         (home / "models").symlink_to(models_dir())
-        with live_platform(home) as (url, token):
-            session = ServiceClient(url, token, timeout=120).create_session(model, rollout="torch", trainer="torch")
-            try:
-                return measure(session, calls, pipeline, rows)
-            finally:
-                session.close()
+        with live_platform(home) as (started, token):
+            return _measure_at(started, token, model, calls, pipeline, rows)
 
 
 def cmd_bench_remote(args: argparse.Namespace) -> int:
@@ -169,7 +182,10 @@ def cmd_bench_remote(args: argparse.Namespace) -> int:
     for name in ("calls", "pipeline", "rows"):
         if getattr(args, name) < 1:
             raise CliError(f"--{name} must be at least 1")
-    result = bench_remote(args.calls, args.pipeline, args.rows, args.model)
+    token = args.token or os.environ.get("PLEXRL_TOKEN")
+    if args.url is not None and not token:
+        raise CliError("--token: no API token (give --token or set PLEXRL_TOKEN)")
+    result = bench_remote(args.calls, args.pipeline, args.rows, args.model, args.url, token)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

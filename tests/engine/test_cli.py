@@ -144,6 +144,8 @@ BAD_INPUT = {
                                    "tools: task 'arith' calls no tool"),
     "tool-task-on-a-plain-preset": (["train", "--task", "arith-tools", "--model", "tiny-arith"],
                                     "model: preset 'tiny-arith' was never taught the calculator"),
+    "bench-remote-no-calls": (["bench", "remote", "--calls", "0"], "--calls must be at least 1"),
+    "bench-remote-url-without-token": (["bench", "remote", "--url", "http://127.0.0.1:9"], "--token: no API token"),
 }
 
 

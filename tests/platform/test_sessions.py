@@ -78,7 +78,8 @@ def test_the_example_grpo_trains_through_the_sdk_with_its_own_reward(platform):
     from jobs.models import Job, JobMetric
 
     client = organization("acme", platform)
-    done = subprocess.run([sys.executable, "examples/grpo.py", "--url", platform, "--token", client.token],
+    small = ["--prompts", "32", "--updates", "1", "--lr", "3e-3", "--temperature", "1.0"]  # a few seconds
+    done = subprocess.run([sys.executable, "examples/grpo.py", "--url", platform, "--token", client.token, *small],
                           capture_output=True, text=True, timeout=500, cwd=live.REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.splitlines()[-1])

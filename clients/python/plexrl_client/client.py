@@ -1,5 +1,5 @@
 """The client of the platform's REST API (``/api/v1/``): users' scripts and the ``plexrl`` platform
-commands (``engine.cli.platform_commands``) use this one. Standard library only (urllib, json):
+commands (``engine.cli.platform_commands``) use this one. Standard library only (http.client, json):
 it installs on its own (``pip install ./clients/python``), with no Django, torch, Ray or HTTP
 library.
 
@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-from plexrl_client.errors import Unreachable, api_error, flatten
 from plexrl_client.session import Session
+from plexrl_client.transport import send
 
 API_PREFIX = "/api/v1/"
 # The job states after which nothing changes (``jobs.models.TERMINAL_STATES``, by value: the
@@ -67,39 +65,9 @@ class ServiceClient:
     @staticmethod
     def _send(url: str, *, method: str = "GET", body: Any = None, token: str | None = None,
               accept: str = "application/json", timeout: float = 30.0) -> bytes:
-        """The body of the answer to one request; ``ApiError`` for an error status, ``Unreachable``
-        (naming the URL without its query) when no answer came."""
-        where = url.split("?")[0]
-        if not url.startswith(("http://", "https://")):
-            raise Unreachable(where, "the URL must start with http:// or https://")
-        headers = {"Accept": accept, "User-Agent": "plexrl-client"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310 (http(s) only)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-                return response.read()
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            try:
-                errors = flatten(json.loads(raw))
-            except ValueError:  # not JSON: a proxy's page, a server crash without DEBUG
-                text = " ".join(raw.decode(errors="replace").split())[:200]
-                errors = {"detail": [text or exc.reason or "no details"]}
-            raise api_error(exc.code, errors, url) from None
-        except urllib.error.URLError as exc:
-            reason = exc.reason  # an OSError (refused, unknown host, timed out) or a string
-            if isinstance(reason, TimeoutError):
-                raise Unreachable(where, f"no answer within {timeout:g} s") from None
-            raise Unreachable(where, getattr(reason, "strerror", None) or str(reason)) from None
-        except TimeoutError:  # while reading the answer
-            raise Unreachable(where, f"no answer within {timeout:g} s") from None
-        except OSError as exc:  # a connection reset mid-answer
-            raise Unreachable(where, exc.strerror or str(exc)) from None
+        """The body of the answer to one request (``plexrl_client.transport``: kept-alive
+        connections); ``ApiError`` for an error status, ``Unreachable`` when no answer came."""
+        return send(url, method=method, body=body, token=token, accept=accept, timeout=timeout)
 
     def _url(self, path: str, query: dict[str, Any] | None = None) -> str:
         url = f"{self.url}{API_PREFIX}{path}"

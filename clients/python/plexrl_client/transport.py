@@ -1,0 +1,110 @@
+"""HTTP for the client, standard library only: one keep-alive connection per thread and server, so
+that a loop's calls do not each pay a new TCP connection (and the server's setup of one).
+
+A connection the server closed while idle (servers close idle keep-alive connections after a few
+seconds) is noticed before it is used and replaced. A request whose sending fails on a reused
+connection is sent once more on a new one (the server got no whole request); one that fails
+after it was sent is not, unless it is a GET: a POST may have been acted on.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import select
+import threading
+import urllib.parse
+from typing import Any
+
+from plexrl_client.errors import Unreachable, api_error, flatten
+
+_local = threading.local()  # .pool: {(scheme, host:port): HTTPConnection} of this thread
+
+
+def _dropped(connection: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection was closed by the server: it has something to read (the close)."""
+    if connection.sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([connection.sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def _connection(scheme: str, netloc: str, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+    """This thread's connection to ``netloc``, and whether it was used before."""
+    pool: dict[tuple[str, str], http.client.HTTPConnection] = _local.__dict__.setdefault("pool", {})
+    connection = pool.get((scheme, netloc))
+    if connection is not None and _dropped(connection):
+        connection.close()
+    reused = connection is not None and connection.sock is not None
+    if connection is None:
+        kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+        connection = pool[(scheme, netloc)] = kind(netloc, timeout=timeout)
+    connection.timeout = timeout
+    if connection.sock is not None:
+        connection.sock.settimeout(timeout)
+    return connection, reused
+
+
+def _exchange(connection: http.client.HTTPConnection, method: str, path: str, data: bytes | None,
+              headers: dict[str, str], *, retry: bool) -> tuple[int, bytes] | None:
+    """One request and its answer (status, body); None where it should be sent again."""
+    try:
+        connection.request(method, path, body=data, headers=headers)
+    except (ConnectionError, http.client.HTTPException):
+        connection.close()
+        if retry:
+            return None
+        raise
+    try:
+        response = connection.getresponse()
+        return response.status, response.read()
+    except (http.client.RemoteDisconnected, ConnectionResetError):
+        connection.close()
+        if retry and method == "GET":
+            return None
+        raise
+    except BaseException:
+        connection.close()
+        raise
+
+
+def send(url: str, *, method: str = "GET", body: Any = None, token: str | None = None,
+         accept: str = "application/json", timeout: float = 30.0) -> bytes:
+    """The body of the answer to one request; ``ApiError`` for an error status, ``Unreachable``
+    (naming the URL without its query) when no answer came."""
+    where = url.split("?")[0]
+    if not url.startswith(("http://", "https://")):
+        raise Unreachable(where, "the URL must start with http:// or https://")
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    headers = {"Accept": accept, "User-Agent": "plexrl-client"}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        while True:
+            connection, reused = _connection(parts.scheme, parts.netloc, timeout)
+            answer = _exchange(connection, method, path, data, headers, retry=reused)
+            if answer is not None:
+                break
+    except TimeoutError:
+        raise Unreachable(where, f"no answer within {timeout:g} s") from None
+    except OSError as exc:  # refused, unknown host, reset
+        raise Unreachable(where, exc.strerror or str(exc) or type(exc).__name__) from None
+    except http.client.HTTPException as exc:  # a malformed or cut answer
+        raise Unreachable(where, str(exc) or type(exc).__name__) from None
+    status, raw = answer
+    if status >= 400:
+        try:
+            errors = flatten(json.loads(raw))
+        except ValueError:  # not JSON: a proxy's page, a server crash without DEBUG
+            text = " ".join(raw.decode(errors="replace").split())[:200]
+            errors = {"detail": [text or http.client.responses.get(status, "no details")]}
+        raise api_error(status, errors, url)
+    return raw
