@@ -29,12 +29,11 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
-from engine.bench.harness import print_rows
+from engine.bench.harness import percentiles, print_rows
 from engine.paths import REPO_ROOT, models_dir
 
 START_TIMEOUT_S = 240.0
@@ -105,11 +104,6 @@ def live_platform(home: Path) -> Iterator[tuple[str, str]]:
         log.close()
 
 
-def _ms(samples: list[float]) -> dict[str, float]:
-    a = np.asarray(samples) * 1e3
-    return {"p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99))}
-
-
 def measure(session, calls: int, pipeline: int, rows: int) -> dict:
     """Time ``calls`` forward calls one at a time, then ``calls`` with ``pipeline`` in flight."""
     prompts = [[5, 6, 7, 8, 9, 10][: 3 + i % 4] for i in range(rows)]
@@ -123,26 +117,27 @@ def measure(session, calls: int, pipeline: int, rows: int) -> dict:
     sequential_s = time.perf_counter() - t
     timed = list(session.timings)
     t = time.perf_counter()
-    in_flight = []
+    in_flight: deque = deque()
     for _ in range(calls):
         if len(in_flight) >= pipeline:
-            in_flight.pop(0).result()
+            in_flight.popleft().result()
         in_flight.append(session.forward_async(prompts, completions))
     for future in in_flight:
         future.result()
     pipelined_s = time.perf_counter() - t
     round_trip = [c.seconds for c in timed]
     in_engine = [c.engine_seconds for c in timed]
-    overhead = [c.seconds - c.engine_seconds for c in timed]
+    overhead = percentiles([c.seconds - c.engine_seconds for c in timed])
+    sdk_call, in_engine_call = percentiles(round_trip), percentiles(in_engine)
     return {
-        "remote_overhead_p50_ms": _ms(overhead)["p50_ms"],
-        "remote_overhead_p99_ms": _ms(overhead)["p99_ms"],
-        "sdk_call": _ms(round_trip),
-        "in_engine_call": _ms(in_engine),
-        "overhead_pct_of_call_p50": 100.0 * float(np.median(overhead)) / float(np.median(round_trip)),
+        "remote_overhead_p50_ms": overhead["p50_ms"],
+        "remote_overhead_p99_ms": overhead["p99_ms"],
+        "sdk_call": sdk_call,
+        "in_engine_call": in_engine_call,
+        "overhead_pct_of_call_p50": 100.0 * overhead["p50_ms"] / sdk_call["p50_ms"],
         "calls_per_s_sequential": calls / sequential_s,
         "calls_per_s_pipelined": calls / pipelined_s,
-        "in_engine_calls_per_s": 1.0 / float(np.median(in_engine)),
+        "in_engine_calls_per_s": 1e3 / in_engine_call["p50_ms"],
         "pipeline": pipeline,
         "calls": calls,
         "rows": rows,
