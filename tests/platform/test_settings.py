@@ -87,6 +87,30 @@ def test_postgresql_connections_come_from_a_bounded_pool(manage):
     assert backends <= 3  # without the pool, six connections: six server processes
 
 
+# Run by manage.py shell: three requests' worth of signals around a read, on one thread, as the
+# web server's threads serve requests one after another; the connections they read on.
+_SQLITE_REQUESTS = """
+from django.core.signals import request_finished, request_started
+from django.db import connection
+used = []
+for _ in range(3):
+    request_started.send(sender=None)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    used.append(connection.connection)  # held, so that no later connection can reuse its address
+    request_finished.send(sender=None)
+print(len({id(c) for c in used}), connection.settings_dict["CONN_HEALTH_CHECKS"])
+"""
+
+
+def test_the_embedded_sqlite_connection_outlives_a_request(manage):
+    """SQLite has no pool: a thread keeps its connection from one request to the next instead of
+    opening one per request (0.9 ms of a 3.5 ms API request), and checks it as it is taken."""
+    result = manage("shell", "-c", _SQLITE_REQUESTS)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-2:] == ["1", "True"]  # opened once, not three times
+
+
 # Run by manage.py shell: a pool used by the parent, then the hook a prefork child runs first; the
 # child's next connection must come from a pool of its own.
 _FORKED = """
