@@ -37,10 +37,12 @@ from engine.paths import plexrl_home
 from engine.scheduler.core import Policy
 from engine.service.session_calls import SESSION_CALLS
 from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
+from engine.tasks.datasets import FORMATS as DATASET_FORMATS
 from engine.tasks.datasets import MAX_BYTES as MAX_DATASET_BYTES
-from engine.tasks.datasets import parse_problems
+from engine.tasks.datasets import format_of, parse_dataset, to_jsonl
 
 __all__ = [  # what the control plane uses, besides EngineClient
+    "DATASET_FORMATS",
     "MAX_DATASET_BYTES",
     "PRESETS",
     "PROFILE_STEPS",
@@ -49,14 +51,16 @@ __all__ = [  # what the control plane uses, besides EngineClient
     "LedgerTotals",
     "ServiceConfig",
     "estimate",
+    "format_of",
     "is_model_dir",
     "ledger_totals",
-    "parse_problems",
+    "parse_dataset",
     "preset_dir",
     "record_rows",
     "resolve_model",
     "savings_of_rows",
     "savings_of_totals",
+    "to_jsonl",
 ]
 
 SERVICE_NAME = "plexrl-engine"

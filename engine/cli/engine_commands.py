@@ -50,7 +50,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rollout", help="rollout backend: torch or vllm (default: vllm when installed)")
     p.add_argument("--trainer", help="training backend: torch or megatron (default: megatron when installed)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the trainer (megatron)")
-    p.add_argument("--dataset", type=Path, help="task dataset: a JSONL file of {\"prompt\", \"answer\"} lines")
+    p.add_argument("--dataset", type=Path, help="task dataset: a JSONL file of {\"prompt\", \"answer\"} lines, or a "
+                                                "CSV or Parquet file (by its suffix) with columns prompt and answer")
     p.add_argument("--shuffle-rewards", action="store_true",
                    help="negative control: permute rewards within each step")
     p.add_argument("--prompts-per-step", type=int)

@@ -1,9 +1,13 @@
 """An organization's datasets (its own problems for the ``dataset`` task): upload, delete, reads, and
 the resolution of a job spec's ``dataset`` id to the stored file.
 
-An upload is validated by the engine's own loader (``engine.tasks.datasets.parse_problems``, whose
-errors name the line) before anything is written; the file is written atomically (a temporary file
-renamed into place) and only then is the row created, so no error leaves a row or a file behind.
+An upload (JSONL, CSV or Parquet, its prompt and answer in fields or columns of any name) is
+validated by the engine's own loader (``engine.tasks.datasets.parse_dataset``, whose errors name the
+line or row) before anything is written. What is stored is the JSONL file the engine reads: a JSONL
+upload with the default field names as it came, any other as its problems written out
+(``to_jsonl``), so a job on a CSV or Parquet file trains as on the same problems in JSONL. The file
+is written atomically (a temporary file renamed into place) and only then is the row created, so no
+error leaves a row or a file behind.
 A dataset is deleted in a transaction; its file goes once the transaction commits.
 """
 
@@ -23,12 +27,13 @@ from django.shortcuts import get_object_or_404
 
 from accounts.models import Organization, User
 from accounts.services import audit_record
-from engine.control import MAX_DATASET_BYTES, parse_problems
+from engine.control import MAX_DATASET_BYTES, format_of, parse_dataset, to_jsonl
 from engine.errors import DatasetError
 from jobs.models import ACTIVE_STATES, Dataset, Job
 
 # The engine refuses a bigger file when the job starts; the platform refuses it on upload.
 MAX_BYTES = MAX_DATASET_BYTES
+DEFAULT_COLUMNS = ("prompt", "answer")  # the engine's JSONL fields
 
 
 class DatasetInUse(Exception):
@@ -89,8 +94,10 @@ def _write_atomically(directory: Path, data: bytes) -> Path:
     return final
 
 
-def dataset_create(*, organization: Organization, user: User | None, name: str, upload: UploadedFile) -> Dataset:
-    """Validate an uploaded JSONL file of problems and store it as one of the organization's datasets.
+def dataset_create(*, organization: Organization, user: User | None, name: str, upload: UploadedFile,
+                   fmt: str | None = None, columns: tuple[str, str] = DEFAULT_COLUMNS) -> Dataset:
+    """Validate an uploaded file of problems (``fmt``: JSONL, CSV or Parquet; None: by the file's
+    name), its prompt and answer in ``columns``, and store it as one of the organization's datasets.
 
     Raises ``ValidationError`` ({"name": ...} or {"file": "line 7: ..."}) and then creates nothing."""
     name = (name or "").strip()
@@ -103,10 +110,16 @@ def dataset_create(*, organization: Organization, user: User | None, name: str, 
     if Dataset.objects.filter(organization=organization, name=name).exists():
         raise ValidationError({"name": f"a dataset named {name!r} already exists"})
     data = _read_capped(upload)
+    fmt = fmt or format_of(upload.name or "")
     try:
-        problems = parse_problems(data.splitlines())  # as the engine's load_problems splits
+        problems = parse_dataset(data, fmt, prompt=columns[0], answer=columns[1])
     except DatasetError as exc:
         raise ValidationError({"file": str(exc)}) from None
+    if (fmt, tuple(columns)) != ("jsonl", DEFAULT_COLUMNS):
+        data = to_jsonl(problems)
+        if len(data) > MAX_BYTES:  # a Parquet file's problems may not fit once written out
+            raise ValidationError({"file": f"its problems written as JSONL take {len(data)} bytes; "
+                                           f"the limit is {MAX_BYTES} bytes"})
     path = _write_atomically(datasets_dir(organization), data)
     try:
         with transaction.atomic():
@@ -114,7 +127,8 @@ def dataset_create(*, organization: Organization, user: User | None, name: str, 
                                              problems=len(problems), size_bytes=len(data), created_by=user)
             audit_record(organization=organization, actor=user, action="dataset.created",
                          target=f"dataset-{dataset.pk}",
-                         data={"name": name, "problems": len(problems), "size_bytes": len(data)})
+                         data={"name": name, "problems": len(problems), "size_bytes": len(data), "format": fmt,
+                               "columns": list(columns)})
     except IntegrityError:  # the same name, uploaded concurrently
         path.unlink(missing_ok=True)
         raise ValidationError({"name": f"a dataset named {name!r} already exists"}) from None

@@ -3,6 +3,7 @@
 from rest_framework import serializers
 
 from accounts.api import ModelSerializer, StrictFieldsMixin
+from engine.control import DATASET_FORMATS
 from jobs.cluster import TIMELINE_MAX_WINDOW_S, TIMELINE_WINDOW_S
 from jobs.models import Dataset, JobState
 
@@ -10,10 +11,19 @@ from jobs.models import Dataset, JobState
 
 
 class DatasetUploadSerializer(StrictFieldsMixin, serializers.Serializer):
-    """``POST datasets/`` (multipart): a name and a JSONL file of ``{"prompt": ..., "answer": ...}`` lines."""
+    """``POST datasets/`` (multipart): a name and a file of problems (JSONL, CSV or Parquet), its
+    prompt and answer in the fields or columns named."""
 
     name = serializers.CharField(max_length=200, help_text="Unique within the organization.")
-    file = serializers.FileField(help_text="JSONL: one {\"prompt\": ..., \"answer\": ...} object a line.")
+    file = serializers.FileField(help_text="JSONL (one {\"prompt\": ..., \"answer\": ...} object a line), CSV "
+                                 "(a header line, then a problem a record) or Parquet.")
+    format = serializers.ChoiceField(choices=DATASET_FORMATS, required=False,
+                                     help_text="Default: from the file's name (.csv, .parquet; JSONL otherwise).")
+    prompt_column = serializers.CharField(max_length=200, default="prompt",
+                                          help_text="The field or column holding the prompt.")
+    answer_column = serializers.CharField(max_length=200, default="answer",
+                                          help_text="The field or column holding the answer (text or a number); "
+                                          "a table's other columns are left out.")
 
 
 class DatasetSerializer(ModelSerializer):

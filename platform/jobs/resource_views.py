@@ -58,7 +58,8 @@ class StaffWrites(BasePermission):
 
 class DatasetListCreateView(OrgGenericAPIView):
     """``GET datasets/``: the organization's datasets, newest first. ``POST`` (members, multipart
-    ``name`` and ``file``): upload a JSONL file of problems, validated line by line before it is
+    ``name`` and ``file``, optionally ``format``, ``prompt_column`` and ``answer_column``): upload
+    a file of problems (JSONL, CSV, Parquet), validated line by line (row by row) before it is
     stored; any error creates nothing."""
 
     required_roles = role_map(GET=Role.VIEWER, POST=Role.MEMBER)
@@ -83,9 +84,10 @@ class DatasetListCreateView(OrgGenericAPIView):
             raise exceptions.ValidationError({"file": [datasets.too_big_message(length)]})
         serializer = DatasetUploadSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        dataset = datasets.dataset_create(organization=request.organization, user=request.user,
-                                          name=serializer.validated_data["name"],
-                                          upload=serializer.validated_data["file"])
+        body = serializer.validated_data
+        dataset = datasets.dataset_create(organization=request.organization, user=request.user, name=body["name"],
+                                          upload=body["file"], fmt=body.get("format"),
+                                          columns=(body["prompt_column"], body["answer_column"]))
         dataset = datasets.dataset_get(organization=request.organization, pk=dataset.pk)
         return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
 

@@ -1,4 +1,5 @@
-"""A user's JSONL problems: validation that names the line, a fixed split, and a GRPO run on them."""
+"""A user's problems (JSONL, CSV, Parquet): validation that names the line or row, a fixed split, and a
+GRPO run on them that is the same whatever file they came in."""
 
 from __future__ import annotations
 
@@ -12,7 +13,17 @@ from engine.rl import grpo
 from engine.service.eventlog import EventLog, read_events
 from engine.spec import JobSpec
 from engine.tasks.arithmetic import Problem, sample_problems
-from engine.tasks.datasets import DatasetError, DatasetTask, held_out, parse_problems, split
+from engine.tasks.datasets import (
+    DatasetError,
+    DatasetTask,
+    held_out,
+    load_problems,
+    parse_dataset,
+    parse_problems,
+    split,
+    to_jsonl,
+)
+from tests.datafiles import csv_bytes, parquet_bytes
 
 
 def lines(*rows) -> list[str]:
@@ -37,6 +48,66 @@ def test_valid_lines_parse_and_blank_lines_are_skipped():
 def test_bad_lines_are_named(rows, message):
     with pytest.raises(DatasetError, match=message):
         parse_problems(rows)
+
+
+# the same problems as a table: a prompt with a comma, quotes and a line break
+TABLE = [{"id": 1, "question": "1+1=", "solution": "2"}, {"id": 2, "question": 'say "3, then 4"\nnow', "solution": "7"},
+         {"id": 3, "question": "half of 1", "solution": "0.5"}]
+SAME = [Problem("1+1=", "2"), Problem('say "3, then 4"\nnow', "7"), Problem("half of 1", "0.5")]
+
+
+def test_csv_and_parquet_with_mapped_columns_give_the_problems_the_jsonl_file_gives():
+    as_jsonl = parse_problems(to_jsonl(SAME).splitlines())
+    assert as_jsonl == SAME
+    columns = {"prompt": "question", "answer": "solution"}  # the other column (id) is left out
+    assert parse_dataset(csv_bytes(TABLE), "csv", **columns) == SAME
+    assert parse_dataset(b"\xef\xbb\xbf" + csv_bytes(TABLE), "csv", **columns) == SAME  # a spreadsheet's BOM
+    assert parse_dataset(parquet_bytes(TABLE), "parquet", **columns) == SAME
+    mapped = b"".join(json.dumps({"q": p.prompt, "a": p.answer}).encode() + b"\n" for p in SAME)
+    assert parse_dataset(mapped, "jsonl", prompt="q", answer="a") == SAME
+    # a numeric answer column is written as Python writes its numbers, as a JSON number is
+    numeric = parquet_bytes([{"question": "1+1=", "solution": 2}, {"question": "2+2=", "solution": 4}])
+    assert parse_dataset(numeric, "parquet", **columns) == [Problem("1+1=", "2"), Problem("2+2=", "4")]
+
+
+def test_a_file_is_read_in_the_format_its_name_says(tmp_path):
+    rows = [{"prompt": r["question"], "answer": r["solution"]} for r in TABLE]
+    (tmp_path / "p.csv").write_bytes(csv_bytes(rows))
+    (tmp_path / "p.parquet").write_bytes(parquet_bytes(rows))
+    (tmp_path / "p.jsonl").write_bytes(to_jsonl(SAME))
+    assert load_problems(tmp_path / "p.csv") == load_problems(tmp_path / "p.parquet") == SAME
+    assert load_problems(tmp_path / "p.jsonl") == SAME
+
+
+CSV_HEADER = b"question,solution\n"
+
+
+@pytest.mark.parametrize(("fmt", "data", "message"), [
+    ("csv", b"prompt,solution\n1+1=,2\n", "no column 'question'; the file's columns: 'prompt', 'solution'"),
+    ("csv", CSV_HEADER + b'"two\nlines",1\n3+3=,6,extra\n', "line 4: 3 fields; the header has 2"),
+    ("csv", CSV_HEADER + b"1+1=,2\n2+2=,\n", 'line 3: "solution" must be a non-empty string'),
+    ("csv", CSV_HEADER + b"1+1=,2\n1+1=,3\n", "line 3: the prompt appears twice"),
+    ("csv", CSV_HEADER + b"1+1=,2\n\xff,3\n", "line 3: not UTF-8 text"),
+    ("csv", CSV_HEADER + b'"1+1=,2\n', "line 2: not CSV"),
+    ("csv", CSV_HEADER, "no problems"),
+    ("csv", b"", "no header line"),
+    ("parquet", b"PAR1 not really", "not a Parquet file"),
+    ("parquet", "missing", "no column 'solution'"),
+    ("parquet", "null", 'row 2: "solution" must be a non-empty string'),
+    ("xlsx", CSV_HEADER, "unknown format 'xlsx'; known: jsonl, csv, parquet"),
+])
+def test_a_bad_table_is_named_by_its_line_or_row(fmt, data, message):
+    if data == "missing":
+        data = parquet_bytes([{"question": "1+1="}])
+    elif data == "null":
+        data = parquet_bytes([{"question": "1+1=", "solution": "2"}, {"question": "2+2=", "solution": None}])
+    with pytest.raises(DatasetError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_dataset(data, fmt, prompt="question", answer="solution")
+
+
+def test_the_prompt_and_the_answer_need_two_columns():
+    with pytest.raises(DatasetError, match="both column 'q'"):
+        parse_dataset(b"q\nx\n", "csv", prompt="q", answer="q")
 
 
 def test_the_split_is_fixed_by_content_and_disjoint():
@@ -80,15 +151,24 @@ def test_train_batches_are_seeded_and_drawn_from_the_train_split(arith_jsonl):
     assert task.eval_set(5) == task.test[:5]
 
 
-def test_grpo_trains_on_a_dataset_with_the_math_verify_reward(router, job, tiny_model_dir, arith_jsonl, tmp_path):
-    path = tmp_path / "events.jsonl"
-    events = EventLog(path)
-    config = grpo.GRPOConfig(prompts_per_step=8, samples_per_prompt=4, updates_per_step=2, max_tokens=4,
-                             eval_every=1, eval_size=10)
-    summary = grpo.train(Client(router, events), job=job, model="tiny-arith", task="dataset", steps=2, seed=0,
-                         config=config, dataset=str(arith_jsonl))
-    events.close()
-    metrics = [e["data"] for e in read_events(path) if e["kind"] == "metrics"]
+def test_grpo_trains_on_a_dataset_and_a_csv_or_parquet_file_of_it_trains_the_same(router, job, tiny_model_dir,
+                                                                                   arith_jsonl, tmp_path):
+    problems = [json.loads(line) for line in arith_jsonl.read_text().splitlines()]
+    (tmp_path / "problems.csv").write_bytes(csv_bytes(problems))
+    (tmp_path / "problems.parquet").write_bytes(parquet_bytes(problems))
+    runs = {}
+    for path in (arith_jsonl, tmp_path / "problems.csv", tmp_path / "problems.parquet"):
+        log = tmp_path / f"events-{path.suffix[1:]}.jsonl"
+        events = EventLog(log)
+        config = grpo.GRPOConfig(prompts_per_step=8, samples_per_prompt=4, updates_per_step=2, max_tokens=4,
+                                 eval_every=1, eval_size=10)
+        summary = grpo.train(Client(router, events), job=f"{job}-{path.suffix[1:]}", model="tiny-arith",
+                             task="dataset", steps=2, seed=0, config=config, dataset=str(path))
+        events.close()
+        runs[path.suffix] = [e["data"] for e in read_events(log) if e["kind"] == "metrics"]
+        assert summary["steps"] == 2
+    metrics = runs[".jsonl"]
     assert [m["step"] for m in metrics] == [1, 2]
     assert all("eval_accuracy" in m for m in metrics)
-    assert summary["steps"] == 2
+    for suffix in (".csv", ".parquet"):  # the same problems, the same seed: the same run
+        assert runs[suffix] == metrics

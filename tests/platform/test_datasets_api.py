@@ -1,4 +1,5 @@
-"""Datasets with two tenants: upload (validated line by line by the engine's loader), list, detail,
+"""Datasets with two tenants: upload (JSONL, CSV or Parquet, validated line by line or row by row by
+the engine's loader), list, detail,
 delete, and jobs on a dataset (the id resolved to the stored file within the organization).
 
 Every test stores files in a temporary PLEXRL_HOME; an upload that fails leaves no row and no file.
@@ -14,6 +15,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from accounts.models import AuditLog
 from jobs import datasets, services
 from jobs.models import Dataset, Job, JobState
+from tests.datafiles import csv_bytes, parquet_bytes
 from tests.platform.builders import JOBS, ROWS, jsonl, make_dataset
 
 pytestmark = pytest.mark.django_db
@@ -82,6 +84,56 @@ def test_a_bad_file_answers_400_naming_the_line_and_creates_nothing(tenant, toke
     response = upload(token_client(tenant.member, tenant.organization), content=content)
     assert response.status_code == 400
     assert message in response.json()["file"][0]
+    assert not Dataset.objects.exists()
+    assert not AuditLog.objects.filter(action="dataset.created").exists()
+    assert stored_files(home) == []
+
+
+def table(rows=ROWS) -> list[dict]:
+    """The rows as a table would hold them: other column names, and a column more."""
+    return [{"n": i, "question": row["prompt"], "solution": row["answer"]} for i, row in enumerate(rows)]
+
+
+MAPPED = {"prompt_column": "question", "answer_column": "solution"}
+
+
+@pytest.mark.parametrize(("filename", "content", "extra"), [
+    ("sums.csv", csv_bytes(table()), MAPPED),
+    ("sums.parquet", parquet_bytes(table()), MAPPED),
+    ("export.txt", csv_bytes(table()), {**MAPPED, "format": "csv"}),  # the format named, not guessed
+    ("sums.jsonl", jsonl([{"q": r["prompt"], "a": r["answer"]} for r in ROWS]), {"prompt_column": "q",
+                                                                                 "answer_column": "a"}),
+], ids=["csv", "parquet", "named-format", "mapped-jsonl"])
+def test_a_csv_or_parquet_file_with_mapped_columns_is_stored_as_the_same_problems_in_jsonl(
+        tenant, token_client, home, filename, content, extra):
+    response = upload(token_client(tenant.member, tenant.organization), content=content, filename=filename, **extra)
+    assert response.status_code == 201, response.json()
+    dataset = Dataset.objects.get()
+    # what a job reads: byte for byte the JSONL upload of the same problems
+    assert Path(dataset.path).read_bytes() == jsonl()
+    assert (dataset.problems, response.json()["size_bytes"]) == (12, len(jsonl()))
+    assert stored_files(home) == [Path(dataset.path)]
+    audit = AuditLog.objects.get(action="dataset.created").data
+    assert (audit["format"], audit["columns"]) == (extra.get("format", Path(filename).suffix[1:]),
+                                                  [extra["prompt_column"], extra["answer_column"]])
+
+
+@pytest.mark.parametrize(("filename", "content", "extra", "field", "message"), [
+    ("sums.csv", csv_bytes(table()), {}, "file", "no column 'prompt'; the file's columns: 'n', 'question', 'solution'"),
+    ("sums.csv", csv_bytes(table()[:3]) + b"3,What is 3 + 3?\n", MAPPED, "file",
+     'line 5: 2 fields; the header has 3'),
+    ("sums.csv", csv_bytes([*table()[:2], {"n": 2, "question": "x", "solution": ""}]), MAPPED, "file",
+     'line 4: "solution" must be a non-empty string'),
+    ("sums.parquet", parquet_bytes([*table()[:2], {"n": 2, "question": "x", "solution": None}]), MAPPED, "file",
+     'row 3: "solution" must be a non-empty string'),
+    ("sums.parquet", csv_bytes(table()), MAPPED, "file", "not a Parquet file"),
+    ("sums.csv", csv_bytes(table()), {**MAPPED, "format": "xlsx"}, "format", "is not a valid choice"),
+], ids=["unmapped", "short-record", "empty-answer", "null-answer", "not-parquet", "unknown-format"])
+def test_a_bad_table_answers_400_naming_the_line_or_row_and_creates_nothing(
+        tenant, token_client, home, filename, content, extra, field, message):
+    response = upload(token_client(tenant.member, tenant.organization), content=content, filename=filename, **extra)
+    assert response.status_code == 400
+    assert message in response.json()[field][0]
     assert not Dataset.objects.exists()
     assert not AuditLog.objects.filter(action="dataset.created").exists()
     assert stored_files(home) == []
