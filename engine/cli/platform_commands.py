@@ -1,4 +1,4 @@
-"""Platform commands of the ``plexrl`` CLI (``jobs ...``, ``billing report``, ``login``): a
+"""Platform commands of the ``plexrl`` CLI (``jobs ...``, ``datasets ...``, ``billing report``, ``login``): a
 terminal on a running platform, through its REST API (``plexrl_client``, the Python client). Registered by
 ``plexrl.py`` next to the engine's commands.
 
@@ -407,8 +407,61 @@ def cmd_billing_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_datasets(sub: argparse._SubParsersAction) -> None:
+    common = _connection_args()
+    p = sub.add_parser("datasets", help="upload, list and delete the organization's datasets")
+    dsub = p.add_subparsers(dest="datasets_cmd", required=True)
+    u = dsub.add_parser("upload", parents=[common], help="upload a file of problems; prints its dataset's id",
+                        description="Upload a JSONL, CSV or Parquet file of problems (its format from its name's "
+                                    "suffix unless --format names it). The server checks every line or row "
+                                    "first; a bad file is refused naming the first bad one, and nothing is "
+                                    "stored. Train on it with `plexrl jobs submit --task dataset --set "
+                                    "dataset=ID --model M`.")
+    u.add_argument("file", type=Path, metavar="FILE")
+    u.add_argument("--name", required=True, help="the dataset's name, unique within the organization")
+    u.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="the file's format (default: its suffix)")
+    u.add_argument("--prompt-column", default="prompt", help="the field or column holding the prompt")
+    u.add_argument("--answer-column", default="answer", help="the field or column holding the answer")
+    u.set_defaults(func=cmd_datasets_upload)
+    ls = dsub.add_parser("list", parents=[common], help="the organization's datasets, newest first")
+    ls.add_argument("--json", action="store_true", help="print the datasets as JSON")
+    ls.set_defaults(func=cmd_datasets_list)
+    d = dsub.add_parser("delete", parents=[common], help="delete a dataset no active job reads")
+    d.add_argument("dataset", type=int, metavar="ID")
+    d.set_defaults(func=cmd_datasets_delete)
+
+
+def cmd_datasets_upload(args: argparse.Namespace) -> int:
+    if not args.file.is_file():
+        raise CliError(f"FILE: {args.file} is not a file")
+    dataset = _client(args).upload_dataset(args.file, args.name, file_format=args.format,
+                                           prompt_column=args.prompt_column, answer_column=args.answer_column)
+    print(dataset["id"])
+    print(f"dataset {dataset['id']} {dataset['name']!r}: {dataset['problems']} problems", file=sys.stderr)
+    return 0
+
+
+def cmd_datasets_list(args: argparse.Namespace) -> int:
+    rows = _client(args).datasets()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(format_table(("ID", "NAME", "PROBLEMS", "BYTES", "BY", "CREATED"),
+                       [(d["id"], d["name"], d["problems"], d["size_bytes"], d["created_by"] or "-",
+                         _when(d["created_at"])) for d in rows], right=(0, 2, 3)))
+    return 0
+
+
+def cmd_datasets_delete(args: argparse.Namespace) -> int:
+    _client(args).delete_dataset(args.dataset)
+    print(f"dataset {args.dataset} deleted")
+    return 0
+
+
 def add_platform_commands(sub: argparse._SubParsersAction) -> None:
-    """Register ``login``, ``jobs ...`` and ``billing report`` (called by ``plexrl.build_parser``)."""
+    """Register ``login``, ``jobs ...``, ``datasets ...`` and ``billing report`` (called by
+    ``plexrl.build_parser``)."""
     add_login(sub)
     add_jobs(sub)
+    add_datasets(sub)
     add_billing(sub)

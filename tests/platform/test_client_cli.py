@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -383,3 +384,47 @@ def test_errors_are_one_line_with_exit_status_2_for_bad_input_and_1_when_unreach
     assert results["unreachable"].returncode == 1
     assert one_error_line(results["unreachable"]) == (
         "plexrl: error: cannot reach the platform at http://127.0.0.1:9/api/v1/jobs/: Connection refused")
+
+
+# --- datasets -------------------------------------------------------------------------------------
+
+
+def test_datasets_upload_list_and_delete_through_the_client_and_the_cli(acme, globex, tmp_path):
+    from jobs.models import Dataset
+    from tests.datafiles import csv_bytes, parquet_bytes
+
+    rows = [{"n": i, "question": f"What is {i} + {i}?", "solution": str(2 * i)} for i in range(12)]
+    (tmp_path / "sums.parquet").write_bytes(parquet_bytes(rows))
+    dataset = acme.client.upload_dataset(tmp_path / "sums.parquet", "sums", prompt_column="question",
+                                         answer_column="solution")
+    assert (dataset["name"], dataset["problems"]) == ("sums", 12)
+    assert [d["id"] for d in acme.client.datasets()] == [dataset["id"]]
+    assert globex.client.datasets() == []  # another organization's: not there at all
+    with pytest.raises(NotFound):
+        globex.client.delete_dataset(dataset["id"])
+
+    (tmp_path / "export.txt").write_bytes(csv_bytes(rows))
+    upload = acme.cli("datasets", "upload", str(tmp_path / "export.txt"), "--name", "sums from csv", "--format",
+                      "csv", "--prompt-column", "question", "--answer-column", "solution")
+    assert upload.returncode == 0, upload.stderr
+    from_csv = int(upload.stdout)  # the id alone on stdout
+    assert "12 problems" in upload.stderr
+    # the same problems, whatever the file: the same JSONL for the engine
+    stored = {d.pk: Path(d.path).read_bytes() for d in Dataset.objects.all()}
+    assert stored[from_csv] == stored[dataset["id"]]
+    listing = acme.cli("datasets", "list")
+    assert listing.returncode == 0, listing.stderr
+    assert [line.split()[0] for line in listing.stdout.splitlines()] == ["ID", str(from_csv), str(dataset["id"])]
+
+    bad = csv_bytes([*rows[:2], {"n": 2, "question": "x", "solution": ""}])
+    (tmp_path / "bad.csv").write_bytes(bad)
+    with pytest.raises(BadRequest, match='line 4: "solution" must be a non-empty string'):
+        acme.client.upload_dataset(tmp_path / "bad.csv", "bad", prompt_column="question", answer_column="solution")
+    refused = acme.cli("datasets", "upload", str(tmp_path / "bad.csv"), "--name", "bad")
+    assert refused.returncode == 2
+    assert one_error_line(refused) == ("plexrl: error: HTTP 400: file: no column 'prompt'; the file's columns: "
+                                       "'n', 'question', 'solution'")
+    assert Dataset.objects.count() == 2  # nothing of the refused uploads
+
+    assert acme.cli("datasets", "delete", str(from_csv)).stdout == f"dataset {from_csv} deleted\n"
+    assert [d["id"] for d in acme.client.datasets()] == [dataset["id"]]

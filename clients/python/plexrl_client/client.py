@@ -22,13 +22,15 @@ status (``BadRequest``, ``NotFound``, ``Conflict``, ...); a server that cannot b
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.parse
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from plexrl_client.session import Session
-from plexrl_client.transport import send
+from plexrl_client.transport import multipart, send
 
 API_PREFIX = "/api/v1/"
 # The job states after which nothing changes (``jobs.models.TERMINAL_STATES``, by value: the
@@ -64,10 +66,11 @@ class ServiceClient:
 
     @staticmethod
     def _send(url: str, *, method: str = "GET", body: Any = None, token: str | None = None,
-              accept: str = "application/json", timeout: float = 30.0) -> bytes:
+              accept: str = "application/json", timeout: float = 30.0, content_type: str | None = None) -> bytes:
         """The body of the answer to one request (``plexrl_client.transport``: kept-alive
         connections); ``ApiError`` for an error status, ``Unreachable`` when no answer came."""
-        return send(url, method=method, body=body, token=token, accept=accept, timeout=timeout)
+        return send(url, method=method, body=body, token=token, accept=accept, timeout=timeout,
+                    content_type=content_type)
 
     def _url(self, path: str, query: dict[str, Any] | None = None) -> str:
         url = f"{self.url}{API_PREFIX}{path}"
@@ -105,6 +108,34 @@ class ServiceClient:
             body["organization"] = organization
         raw = cls._send(f"{url.rstrip('/')}{API_PREFIX}auth/token/", method="POST", body=body, timeout=timeout)
         return json.loads(raw)["token"]
+
+    # -- datasets -----------------------------------------------------------------------------
+
+    def upload_dataset(self, path: str | os.PathLike, name: str, *, file_format: str | None = None,
+                       prompt_column: str = "prompt", answer_column: str = "answer") -> dict[str, Any]:
+        """Upload a file of problems (JSONL, CSV or Parquet; ``file_format`` when its name's suffix does
+        not say which) as one of the organization's datasets; its prompt and answer are in the
+        fields or columns named. Returns the dataset (a job trains on it with ``{"task":
+        "dataset", "dataset": <its id>}``); ``BadRequest`` names the file's first bad line or row::
+
+            client.upload_dataset("gsm8k.parquet", "gsm8k", prompt_column="question")
+        """
+        path = Path(path)
+        fields = {"name": name, "prompt_column": prompt_column, "answer_column": answer_column}
+        if file_format is not None:
+            fields["format"] = file_format
+        content_type, body = multipart(fields, {"file": (path.name, path.read_bytes())})
+        raw = self._send(self._url("datasets/"), method="POST", body=body, content_type=content_type,
+                         token=self.token, timeout=self.timeout)
+        return json.loads(raw)
+
+    def datasets(self) -> list[dict[str, Any]]:
+        """The organization's datasets, newest first."""
+        return self._all("datasets/")
+
+    def delete_dataset(self, dataset_id: int) -> None:
+        """Delete a dataset (``Conflict`` while an active job reads it)."""
+        self._send(self._url(f"datasets/{int(dataset_id)}/"), method="DELETE", token=self.token, timeout=self.timeout)
 
     # -- jobs ---------------------------------------------------------------------------------
 

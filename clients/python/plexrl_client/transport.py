@@ -14,6 +14,7 @@ import json
 import select
 import threading
 import urllib.parse
+import uuid
 from typing import Any
 
 from plexrl_client.errors import Unreachable, api_error, flatten
@@ -71,10 +72,25 @@ def _exchange(connection: http.client.HTTPConnection, method: str, path: str, da
         raise
 
 
+def multipart(fields: dict[str, str], files: dict[str, tuple[str, bytes]]) -> tuple[str, bytes]:
+    """A ``multipart/form-data`` body (RFC 7578) of text ``fields`` and ``files`` (name -> (file
+    name, bytes)): its Content-Type and its bytes, for ``send(body=..., content_type=...)``."""
+    boundary = f"plexrl-{uuid.uuid4().hex}"  # random: no file holds it by chance
+    parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+             for name, value in fields.items()]
+    for name, (filename, data) in files.items():
+        quoted = filename.replace('"', "%22").replace("\r", "%0D").replace("\n", "%0A")  # as browsers send it
+        parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{quoted}"\r\n'
+                     f"Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")
+    parts.append(f"--{boundary}--\r\n".encode())
+    return f"multipart/form-data; boundary={boundary}", b"".join(parts)
+
+
 def send(url: str, *, method: str = "GET", body: Any = None, token: str | None = None,
-         accept: str = "application/json", timeout: float = 30.0) -> bytes:
+         accept: str = "application/json", timeout: float = 30.0, content_type: str | None = None) -> bytes:
     """The body of the answer to one request; ``ApiError`` for an error status, ``Unreachable``
-    (naming the URL without its query) when no answer came."""
+    (naming the URL without its query) when no answer came. ``body`` is sent as JSON, or as it is
+    (bytes) with ``content_type``."""
     where = url.split("?")[0]
     if not url.startswith(("http://", "https://")):
         raise Unreachable(where, "the URL must start with http:// or https://")
@@ -82,7 +98,9 @@ def send(url: str, *, method: str = "GET", body: Any = None, token: str | None =
     path = parts.path + (f"?{parts.query}" if parts.query else "")
     headers = {"Accept": accept, "User-Agent": "plexrl-client"}
     data = None
-    if body is not None:
+    if content_type is not None:
+        data, headers["Content-Type"] = body, content_type
+    elif body is not None:
         data = json.dumps(body).encode()
         headers["Content-Type"] = "application/json"
     if token:
