@@ -204,6 +204,15 @@ def add_jobs(sub: argparse._SubParsersAction) -> None:
     w.add_argument("--poll", type=float, default=2.0, help="seconds between polls (default 2)")
     w.set_defaults(func=cmd_jobs_watch)
 
+    d = jsub.add_parser("download", parents=[common], help="a finished job's final weights, unpacked",
+                        description="Download a finished job's artifact (final: its weights as a Hugging Face "
+                                    "folder) as one ZIP archive and unpack it into --out (a folder "
+                                    "job-ID-final/ there, which transformers loads as it is).")
+    d.add_argument("job", type=int, metavar="ID")
+    d.add_argument("--out", type=Path, default=Path("."), help="where to unpack it (default: here)")
+    d.add_argument("--artifact", default="final", help="which artifact (default: final)")
+    d.set_defaults(func=cmd_jobs_download)
+
     c = jsub.add_parser("cancel", parents=[common], help="cancel a job that has not finished")
     c.add_argument("job", type=int, metavar="ID")
     c.add_argument("--reason", default="", help="kept as the job's state reason")
@@ -364,6 +373,11 @@ def cmd_jobs_watch(args: argparse.Namespace) -> int:
         return 130
     assert job["state"] in TERMINAL_STATES
     return 0 if job["state"] == "succeeded" else 1
+
+
+def cmd_jobs_download(args: argparse.Namespace) -> int:
+    print(_client(args).download_artifact(args.job, args.out, name=args.artifact))
+    return 0
 
 
 def cmd_jobs_action(args: argparse.Namespace) -> int:

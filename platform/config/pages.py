@@ -17,7 +17,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.urls import path
+from django.urls import path, reverse
 from django.utils.functional import SimpleLazyObject
 from django.views.generic import RedirectView
 
@@ -109,6 +109,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     return _page(request, "pages/job_detail.html", title=job.name or f"Job {job.pk}", module="job_detail.js",
                  job=job.pk, job_name=job.name, job_state=job.state,
                  may_act=job_selectors.may_act_on(membership=membership, job=job),
+                 downloads=[{"name": name, "url": reverse("jobs:job-artifact-archive", args=[job.pk, name])}
+                            for name in job_selectors.artifact_folders(job=job)],
                  ws_path=f"/ws/jobs/{job.pk}/")
 
 

@@ -3,6 +3,8 @@ that was itself fetched through the organization (``job_get``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.shortcuts import get_object_or_404
 
@@ -55,6 +57,12 @@ def metrics_of(*, job: Job, after_seq: int = 0) -> QuerySet[JobMetric]:
     if after_seq:
         metrics = metrics.filter(seq__gt=after_seq)
     return metrics.order_by("step")
+
+
+def artifact_folders(*, job: Job) -> dict[str, Path]:
+    """The job's artifact folders by name (``final``: its weights), as its event log announced them
+    (``artifact`` events)."""
+    return {e.data["name"]: Path(e.data["path"]) for e in events_of(job=job, kind="artifact")}
 
 
 def events_of(*, job: Job, after_seq: int = 0, kind: str | None = None) -> QuerySet[JobEvent]:

@@ -181,4 +181,5 @@ class ArtifactFileSerializer(serializers.Serializer):
 class ArtifactSerializer(serializers.Serializer):
     name = serializers.CharField(help_text="'final': the weights when training ended.")
     format = serializers.CharField(help_text="'huggingface': a folder transformers loads (safetensors).")
+    archive_url = serializers.CharField(help_text="The whole folder as one ZIP archive.")
     files = ArtifactFileSerializer(many=True)

@@ -8,10 +8,9 @@ Viewers read; members create jobs and act on their own; admins and owners act on
 A transition the job's state does not allow, or a quota it would exceed, answers 409.
 """
 
-from pathlib import Path
 
 from django.db.models import QuerySet
-from django.http import FileResponse, Http404
+from django.http import FileResponse, Http404, StreamingHttpResponse
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, OpenApiTypes, extend_schema
 from rest_framework import exceptions, serializers, status
@@ -22,6 +21,7 @@ from rest_framework.settings import api_settings
 from accounts.api import EmptySerializer, OrgGenericAPIView, require_role, role_map
 from accounts.models import Role
 from jobs import selectors, services
+from jobs.archives import zip_stream
 from jobs.models import Job
 from jobs.renderers import JSONLinesRenderer
 from jobs.serializers import (
@@ -220,11 +220,6 @@ class JobEventsView(JobView):
         return self.get_paginated_response(JobEventSerializer(page, many=True).data)
 
 
-def _artifacts(job: Job) -> dict[str, Path]:
-    """The job's artifact folders by name, as its event log announced them (``artifact`` events)."""
-    return {e.data["name"]: Path(e.data["path"]) for e in selectors.events_of(job=job, kind="artifact")}
-
-
 class JobArtifactsView(JobView):
     """``GET jobs/{id}/artifacts/``: what a finished job left to download (its final weights as a
     Hugging Face folder), each file with its download URL."""
@@ -237,13 +232,33 @@ class JobArtifactsView(JobView):
     def get(self, request: Request, job_id: int) -> Response:
         job = self.get_object()
         out = []
-        for name, folder in _artifacts(job).items():
+        for name, folder in selectors.artifact_folders(job=job).items():
             files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
-            out.append({"name": name, "format": "huggingface", "files": [
+            archive = reverse("jobs:job-artifact-archive", args=[job.pk, name])
+            out.append({"name": name, "format": "huggingface", "archive_url": request.build_absolute_uri(archive),
+                        "files": [
                 {"name": p.name, "size_bytes": p.stat().st_size,
                  "url": request.build_absolute_uri(reverse("jobs:job-artifact-file", args=[job.pk, name, p.name]))}
                 for p in files]})
         return Response(ArtifactSerializer(out, many=True).data)
+
+
+class JobArtifactArchiveView(JobView):
+    """``GET jobs/{id}/artifacts/{name}.zip``: a whole artifact as one ZIP archive, streamed
+    (``jobs.archives``); unpacked, its folder loads with ``transformers`` as it is."""
+
+    required_roles = role_map(GET=Role.VIEWER)
+
+    @extend_schema(summary="Download an artifact as one ZIP archive", responses={(200, "application/zip"): bytes})
+    def get(self, request: Request, job_id: int, name: str) -> StreamingHttpResponse:
+        job = self.get_object()
+        folder = selectors.artifact_folders(job=job).get(name)
+        if folder is None or not folder.is_dir():
+            raise Http404
+        root = f"job-{job.pk}-{name}"
+        response = StreamingHttpResponse(zip_stream(folder, root), content_type="application/zip")
+        response["Content-Disposition"] = f'attachment; filename="{root}.zip"'
+        return response
 
 
 class JobArtifactFileView(JobView):
@@ -254,7 +269,7 @@ class JobArtifactFileView(JobView):
     @extend_schema(summary="Download an artifact file", responses={(200, "application/octet-stream"): bytes})
     def get(self, request: Request, job_id: int, name: str, filename: str) -> FileResponse:
         job = self.get_object()
-        folder = _artifacts(job).get(name)
+        folder = selectors.artifact_folders(job=job).get(name)
         if folder is None or "/" in filename or filename.startswith("."):
             raise Http404
         path = folder / filename

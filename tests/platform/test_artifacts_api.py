@@ -2,6 +2,7 @@
 within the organization only."""
 
 import pytest
+from asgiref.sync import async_to_sync
 
 from jobs import ingest, services
 from tests.platform.builders import SPEC
@@ -37,16 +38,41 @@ def test_artifacts_are_listed_with_download_urls_and_download(tenant, token_clie
     assert "attachment" in download["Content-Disposition"]
 
 
+async def _read(content) -> bytes:
+    """A streamed answer's body, read as the ASGI server reads it (asynchronously, chunk by chunk)."""
+    return b"".join([chunk async for chunk in content])
+
+
+def test_an_artifact_downloads_as_one_zip_archive_of_its_folder(tenant, token_client, job_with_artifact):
+    import io
+    import zipfile
+
+    client = token_client(tenant.user("viewer"), tenant.organization)
+    [artifact] = client.get(f"/api/v1/jobs/{job_with_artifact.pk}/artifacts/").json()
+    assert artifact["archive_url"].endswith(f"/api/v1/jobs/{job_with_artifact.pk}/artifacts/final.zip")
+    download = client.get(artifact["archive_url"])
+    assert download.status_code == 200
+    assert download["Content-Type"] == "application/zip"
+    root = f"job-{job_with_artifact.pk}-final"
+    assert download["Content-Disposition"] == f'attachment; filename="{root}.zip"'
+    with zipfile.ZipFile(io.BytesIO(async_to_sync(_read)(download.streaming_content))) as archive:
+        assert archive.namelist() == [f"{root}/config.json", f"{root}/model.safetensors"]
+        assert archive.read(f"{root}/model.safetensors") == b"weights" * 10
+        assert archive.testzip() is None  # every file's CRC checks
+
+
 def test_another_organization_gets_404_and_no_file_escapes_the_folder(tenant, other_tenant, token_client,
                                                                       job_with_artifact):
     outsider = token_client(other_tenant.user("owner"), other_tenant.organization)
     base = f"/api/v1/jobs/{job_with_artifact.pk}/artifacts/"
     assert outsider.get(base).status_code == 404
     assert outsider.get(f"{base}final/config.json").status_code == 404
+    assert outsider.get(f"{base}final.zip").status_code == 404
     insider = token_client(tenant.user("viewer"), tenant.organization)
     assert insider.get(f"{base}final/..%2Fsecret").status_code == 404
     assert insider.get(f"{base}final/.hidden").status_code == 404
     assert insider.get(f"{base}other/config.json").status_code == 404
+    assert insider.get(f"{base}other.zip").status_code == 404
     assert insider.get(f"{base}final/missing.bin").status_code == 404
 
 

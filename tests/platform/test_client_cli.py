@@ -428,3 +428,46 @@ def test_datasets_upload_list_and_delete_through_the_client_and_the_cli(acme, gl
 
     assert acme.cli("datasets", "delete", str(from_csv)).stdout == f"dataset {from_csv} deleted\n"
     assert [d["id"] for d in acme.client.datasets()] == [dataset["id"]]
+
+
+# --- artifacts ------------------------------------------------------------------------------------
+
+
+def test_a_jobs_final_weights_download_as_one_archive_that_transformers_loads_and_generates_with(acme, globex,
+                                                                                                  tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from jobs import services
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = Qwen2ForCausalLM(config).eval()
+    final = tmp_path / "engine" / "final"  # as a job's driver exports it
+    model.save_pretrained(final, safe_serialization=True)
+    job = services.job_create(organization=acme.organization, user=acme.owner, spec=SPEC, name="done")
+    ingest(job.pk, {"seq": 1, "kind": "artifact", "ts": 1.0,
+                    "data": {"name": "final", "path": str(final), "files": sorted(p.name for p in final.iterdir())}})
+
+    folder = acme.client.download_artifact(job.pk, tmp_path / "sdk")
+    assert folder == tmp_path / "sdk" / f"job-{job.pk}-final"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in final.iterdir())
+    prompt = torch.tensor([[3, 4, 5]])
+    loaded = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        expected = model.generate(prompt, max_new_tokens=6, do_sample=False)
+        assert torch.equal(loaded.generate(prompt, max_new_tokens=6, do_sample=False), expected)
+
+    cli = acme.cli("jobs", "download", str(job.pk), "--out", str(tmp_path / "cli"))
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.strip() == str(tmp_path / "cli" / f"job-{job.pk}-final")
+    assert (tmp_path / "cli" / f"job-{job.pk}-final" / "model.safetensors").read_bytes() == \
+        (final / "model.safetensors").read_bytes()
+
+    with pytest.raises(NotFound):  # another organization's job: not there at all
+        globex.client.download_artifact(job.pk, tmp_path / "outsider")
+    assert not (tmp_path / "outsider").exists()
+    missing = acme.cli("jobs", "download", str(job.pk), "--artifact", "other", "--out", str(tmp_path / "x"))
+    assert missing.returncode == 2
+    assert one_error_line(missing).startswith("plexrl: error: HTTP 404")

@@ -132,6 +132,22 @@ def test_job_page_of_the_organization(tenant, session_client):
 
 
 @pytest.mark.django_db
+def test_a_finished_jobs_page_links_its_weights_archive(tenant, session_client, tmp_path):
+    from jobs import ingest
+
+    job = make_job(tenant, name="done")
+    url = f"/api/v1/jobs/{job.pk}/artifacts/final.zip"
+    assert url not in session_client(tenant.viewer).get(f"/jobs/{job.pk}/").content.decode()  # none yet
+    (tmp_path / "final").mkdir()
+    ingest.ingest_events(job=job, events=[{"seq": 1, "kind": "artifact", "ts": 1.0,
+                                           "data": {"name": "final", "path": str(tmp_path / "final"), "files": []}}])
+    client = session_client(tenant.viewer)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert f'<a href="{url}" download>Download the final weights (.zip)</a>' in html
+    assert client.get(url).status_code == 200  # the browser's session is enough to fetch it
+
+
+@pytest.mark.django_db
 def test_job_page_of_another_organization_is_404(tenant, other_tenant, session_client):
     theirs = make_job(other_tenant, name="secret-plan")
     response = session_client(tenant.owner).get(f"/jobs/{theirs.pk}/")

@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 import urllib.parse
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
+from plexrl_client.errors import PlexRLError
 from plexrl_client.session import Session
 from plexrl_client.transport import multipart, send
 
@@ -66,11 +69,12 @@ class ServiceClient:
 
     @staticmethod
     def _send(url: str, *, method: str = "GET", body: Any = None, token: str | None = None,
-              accept: str = "application/json", timeout: float = 30.0, content_type: str | None = None) -> bytes:
+              accept: str = "application/json", timeout: float = 30.0, content_type: str | None = None,
+              into: BinaryIO | None = None) -> bytes:
         """The body of the answer to one request (``plexrl_client.transport``: kept-alive
         connections); ``ApiError`` for an error status, ``Unreachable`` when no answer came."""
         return send(url, method=method, body=body, token=token, accept=accept, timeout=timeout,
-                    content_type=content_type)
+                    content_type=content_type, into=into)
 
     def _url(self, path: str, query: dict[str, Any] | None = None) -> str:
         url = f"{self.url}{API_PREFIX}{path}"
@@ -108,6 +112,30 @@ class ServiceClient:
             body["organization"] = organization
         raw = cls._send(f"{url.rstrip('/')}{API_PREFIX}auth/token/", method="POST", body=body, timeout=timeout)
         return json.loads(raw)["token"]
+
+    # -- artifacts ----------------------------------------------------------------------------
+
+    def download_artifact(self, job_id: int, dest: str | os.PathLike = ".", *, name: str = "final") -> Path:
+        """A finished job's artifact (``final``: its weights, a Hugging Face folder) unpacked into
+        ``dest``, from one ZIP archive; returns the folder (``dest/job-<id>-<name>``), which
+        ``transformers`` loads as it is::
+
+            model = AutoModelForCausalLM.from_pretrained(client.download_artifact(7))
+        """
+        dest = Path(dest)
+        url = self._url(f"jobs/{int(job_id)}/artifacts/{urllib.parse.quote(name)}.zip")
+        with tempfile.TemporaryFile() as archive:
+            self._send(url, token=self.token, accept="*/*", timeout=self.timeout, into=archive)
+            archive.seek(0)
+            with zipfile.ZipFile(archive) as files:
+                root = f"job-{int(job_id)}-{name}"
+                for member in files.namelist():  # one folder, nothing outside it
+                    parts = member.split("/")
+                    if parts[0] != root or len(parts) != 2 or parts[1] in ("", ".", ".."):
+                        raise PlexRLError(f"{url}: the archive holds {member!r}, outside {root}/")
+                dest.mkdir(parents=True, exist_ok=True)
+                files.extractall(dest)
+        return dest / root
 
     # -- datasets -----------------------------------------------------------------------------
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import http.client
 import json
 import select
+import shutil
 import threading
 import urllib.parse
 import uuid
-from typing import Any
+from typing import Any, BinaryIO
 
 from plexrl_client.errors import Unreachable, api_error, flatten
 
@@ -50,8 +51,9 @@ def _connection(scheme: str, netloc: str, timeout: float) -> tuple[http.client.H
 
 
 def _exchange(connection: http.client.HTTPConnection, method: str, path: str, data: bytes | None,
-              headers: dict[str, str], *, retry: bool) -> tuple[int, bytes] | None:
-    """One request and its answer (status, body); None where it should be sent again."""
+              headers: dict[str, str], *, retry: bool, into: BinaryIO | None = None) -> tuple[int, bytes] | None:
+    """One request and its answer (status, body; a successful body copied ``into`` a file instead,
+    a megabyte at a time); None where it should be sent again."""
     try:
         connection.request(method, path, body=data, headers=headers)
     except (ConnectionError, http.client.HTTPException):
@@ -61,6 +63,9 @@ def _exchange(connection: http.client.HTTPConnection, method: str, path: str, da
         raise
     try:
         response = connection.getresponse()
+        if into is not None and response.status < 400:
+            shutil.copyfileobj(response, into, 1 << 20)
+            return response.status, b""
         return response.status, response.read()
     except (http.client.RemoteDisconnected, ConnectionResetError):
         connection.close()
@@ -87,10 +92,12 @@ def multipart(fields: dict[str, str], files: dict[str, tuple[str, bytes]]) -> tu
 
 
 def send(url: str, *, method: str = "GET", body: Any = None, token: str | None = None,
-         accept: str = "application/json", timeout: float = 30.0, content_type: str | None = None) -> bytes:
+         accept: str = "application/json", timeout: float = 30.0, content_type: str | None = None,
+         into: BinaryIO | None = None) -> bytes:
     """The body of the answer to one request; ``ApiError`` for an error status, ``Unreachable``
     (naming the URL without its query) when no answer came. ``body`` is sent as JSON, or as it is
-    (bytes) with ``content_type``."""
+    (bytes) with ``content_type``; with ``into`` (a file), a successful answer's body is written
+    there as it comes and b"" returned."""
     where = url.split("?")[0]
     if not url.startswith(("http://", "https://")):
         raise Unreachable(where, "the URL must start with http:// or https://")
@@ -108,7 +115,7 @@ def send(url: str, *, method: str = "GET", body: Any = None, token: str | None =
     try:
         while True:
             connection, reused = _connection(parts.scheme, parts.netloc, timeout)
-            answer = _exchange(connection, method, path, data, headers, retry=reused)
+            answer = _exchange(connection, method, path, data, headers, retry=reused and into is None, into=into)
             if answer is not None:
                 break
     except TimeoutError:

@@ -1,0 +1,59 @@
+"""A job's artifact folder (its final weights, a Hugging Face folder) as one ZIP archive, streamed:
+written file by file, a megabyte at a time, as the answer is sent, so a model of any size is never
+held in memory. The files are stored (not compressed: safetensors barely compress) under one top
+folder, which ``transformers`` loads once unpacked."""
+
+from __future__ import annotations
+
+import io
+import time
+import zipfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from asgiref.sync import sync_to_async
+
+CHUNK_BYTES = 1 << 20
+
+
+class _Sink(io.RawIOBase):
+    """Where the archive is written: not seekable (``zipfile`` then writes sizes after each file),
+    its bytes taken out as they come."""
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self._chunks.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out = b"".join(self._chunks)
+        self._chunks.clear()
+        return out
+
+
+def zip_chunks(folder: Path, root: str) -> Iterator[bytes]:
+    """The ZIP archive of ``folder``'s files (sorted, hidden ones left out) under ``root/``."""
+    sink = _Sink()
+    with zipfile.ZipFile(sink, "w", compression=zipfile.ZIP_STORED) as archive:
+        for path in sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")):
+            info = zipfile.ZipInfo(f"{root}/{path.name}", date_time=time.localtime(path.stat().st_mtime)[:6])
+            with path.open("rb") as source, archive.open(info, "w", force_zip64=True) as target:
+                while chunk := source.read(CHUNK_BYTES):
+                    target.write(chunk)
+                    yield sink.take()
+            yield sink.take()
+    yield sink.take()  # the central directory, written as the archive closes
+
+
+async def zip_stream(folder: Path, root: str) -> AsyncIterator[bytes]:
+    """``zip_chunks`` for an ASGI answer: each chunk made on a worker thread, sent as it is made (a
+    synchronous iterator would be read whole before the first byte went out)."""
+    chunks = zip_chunks(folder, root)
+    while (chunk := await sync_to_async(next, thread_sensitive=False)(chunks, None)) is not None:
+        if chunk:
+            yield chunk
