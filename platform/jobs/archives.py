@@ -1,7 +1,9 @@
-"""A job's artifact folder (its final weights, a Hugging Face folder) as one ZIP archive, streamed:
-written file by file, a megabyte at a time, as the answer is sent, so a model of any size is never
-held in memory. The files are stored (not compressed: safetensors barely compress) under one top
-folder, which ``transformers`` loads once unpacked."""
+"""A job's artifacts (its final weights, a Hugging Face folder) streamed to a download: one file, or
+the whole folder as one ZIP archive, read a megabyte at a time as the answer is sent, so a model of
+any size is never held in memory. Both are async iterators: Django's ASGI handler reads a
+synchronous one (a ``FileResponse``'s) whole before sending its first byte. The archive's files are
+stored (not compressed: safetensors barely compress) under one top folder, which ``transformers``
+loads once unpacked."""
 
 from __future__ import annotations
 
@@ -56,4 +58,11 @@ async def zip_stream(folder: Path, root: str) -> AsyncIterator[bytes]:
     chunks = zip_chunks(folder, root)
     while (chunk := await sync_to_async(next, thread_sensitive=False)(chunks, None)) is not None:
         if chunk:
+            yield chunk
+
+
+async def file_stream(path: Path) -> AsyncIterator[bytes]:
+    """A file's bytes for an ASGI answer, a megabyte at a time, each read on a worker thread."""
+    with path.open("rb") as source:  # closed when sent, or when the client goes (the generator closes)
+        while chunk := await sync_to_async(source.read, thread_sensitive=False)(CHUNK_BYTES):
             yield chunk

@@ -10,8 +10,9 @@ A transition the job's state does not allow, or a quota it would exceed, answers
 
 
 from django.db.models import QuerySet
-from django.http import FileResponse, Http404, StreamingHttpResponse
+from django.http import Http404, StreamingHttpResponse
 from django.urls import reverse
+from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, OpenApiTypes, extend_schema
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
@@ -21,7 +22,7 @@ from rest_framework.settings import api_settings
 from accounts.api import EmptySerializer, OrgGenericAPIView, require_role, role_map
 from accounts.models import Role
 from jobs import selectors, services
-from jobs.archives import zip_stream
+from jobs.archives import file_stream, zip_stream
 from jobs.models import Job
 from jobs.renderers import JSONLinesRenderer
 from jobs.serializers import (
@@ -267,7 +268,7 @@ class JobArtifactFileView(JobView):
     required_roles = role_map(GET=Role.VIEWER)
 
     @extend_schema(summary="Download an artifact file", responses={(200, "application/octet-stream"): bytes})
-    def get(self, request: Request, job_id: int, name: str, filename: str) -> FileResponse:
+    def get(self, request: Request, job_id: int, name: str, filename: str) -> StreamingHttpResponse:
         job = self.get_object()
         folder = selectors.artifact_folders(job=job).get(name)
         if folder is None or "/" in filename or filename.startswith("."):
@@ -275,4 +276,7 @@ class JobArtifactFileView(JobView):
         path = folder / filename
         if not path.is_file():
             raise Http404
-        return FileResponse(path.open("rb"), as_attachment=True, filename=filename)
+        response = StreamingHttpResponse(file_stream(path), content_type="application/octet-stream")
+        response["Content-Length"] = str(path.stat().st_size)
+        response["Content-Disposition"] = content_disposition_header(True, filename)
+        return response

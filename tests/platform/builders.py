@@ -92,3 +92,15 @@ def jsonl(rows=ROWS) -> bytes:
 def make_dataset(tenant, *, user=None, name="sums", rows=ROWS) -> Dataset:
     return datasets.dataset_create(organization=tenant.organization, user=user or tenant.member, name=name,
                                    upload=SimpleUploadedFile("d.jsonl", jsonl(rows)))
+
+
+def streamed_body(response) -> bytes:
+    """A streamed answer's body, read as the ASGI server reads it: asynchronously when it streams an
+    async iterator (an artifact's archive), else as it iterates."""
+    from asgiref.sync import async_to_sync
+
+    async def read(content) -> bytes:
+        return b"".join([chunk async for chunk in content])
+
+    content = response.streaming_content
+    return async_to_sync(read)(content) if response.is_async else b"".join(content)

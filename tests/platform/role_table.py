@@ -74,6 +74,7 @@ GET    /api/v1/jobs/{job_id}/metrics/                               200  200  20
 GET    /api/v1/jobs/{job_id}/events/                                200  200  200  200  404  403  403  401  401  401
 GET    /api/v1/jobs/{job_id}/artifacts/                             200  200  200  200  404  403  403  401  401  401
 GET    /api/v1/jobs/{job_id}/artifacts/{name}/{filename}            200  200  200  200  404  403  403  401  401  401
+GET    /api/v1/jobs/{job_id}/artifacts/{name}.zip                   200  200  200  200  404  403  403  401  401  401
 # sessions: members open them and call their own (this one is another member's, and has ended: an
 # allowed call is told so, 409, without reaching the engine)
 POST   /api/v1/sessions/                                            201  201  201  403  201  403  403  401  401  401

@@ -2,10 +2,9 @@
 within the organization only."""
 
 import pytest
-from asgiref.sync import async_to_sync
 
 from jobs import ingest, services
-from tests.platform.builders import SPEC
+from tests.platform.builders import SPEC, streamed_body
 
 pytestmark = pytest.mark.django_db
 
@@ -34,13 +33,9 @@ def test_artifacts_are_listed_with_download_urls_and_download(tenant, token_clie
     assert files["model.safetensors"]["size_bytes"] == 70
     download = client.get(files["model.safetensors"]["url"])
     assert download.status_code == 200
-    assert b"".join(download.streaming_content) == b"weights" * 10
-    assert "attachment" in download["Content-Disposition"]
-
-
-async def _read(content) -> bytes:
-    """A streamed answer's body, read as the ASGI server reads it (asynchronously, chunk by chunk)."""
-    return b"".join([chunk async for chunk in content])
+    assert streamed_body(download) == b"weights" * 10
+    assert download["Content-Disposition"] == 'attachment; filename="model.safetensors"'
+    assert download["Content-Length"] == "70"
 
 
 def test_an_artifact_downloads_as_one_zip_archive_of_its_folder(tenant, token_client, job_with_artifact):
@@ -55,7 +50,7 @@ def test_an_artifact_downloads_as_one_zip_archive_of_its_folder(tenant, token_cl
     assert download["Content-Type"] == "application/zip"
     root = f"job-{job_with_artifact.pk}-final"
     assert download["Content-Disposition"] == f'attachment; filename="{root}.zip"'
-    with zipfile.ZipFile(io.BytesIO(async_to_sync(_read)(download.streaming_content))) as archive:
+    with zipfile.ZipFile(io.BytesIO(streamed_body(download))) as archive:
         assert archive.namelist() == [f"{root}/config.json", f"{root}/model.safetensors"]
         assert archive.read(f"{root}/model.safetensors") == b"weights" * 10
         assert archive.testzip() is None  # every file's CRC checks

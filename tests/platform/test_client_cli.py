@@ -459,6 +459,9 @@ def test_a_jobs_final_weights_download_as_one_archive_that_transformers_loads_an
         expected = model.generate(prompt, max_new_tokens=6, do_sample=False)
         assert torch.equal(loaded.generate(prompt, max_new_tokens=6, do_sample=False), expected)
 
+    one_file = f"{acme.url}/api/v1/jobs/{job.pk}/artifacts/final/model.safetensors"  # or file by file
+    assert acme.client._send(one_file, token=acme.token, accept="*/*") == (final / "model.safetensors").read_bytes()
+
     cli = acme.cli("jobs", "download", str(job.pk), "--out", str(tmp_path / "cli"))
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.strip() == str(tmp_path / "cli" / f"job-{job.pk}-final")

@@ -42,7 +42,7 @@ from config.asgi import application
 from config.routing import websocket_urlpatterns
 from jobs.ingest import ingest_events
 from jobs.models import Dataset, Job, JobEvent, JobState
-from tests.platform.builders import SPEC, jsonl, make_dataset, usage_event
+from tests.platform.builders import SPEC, jsonl, make_dataset, streamed_body, usage_event
 from tests.platform.factories import PASSWORD, MembershipFactory, PlanFactory, UserFactory
 from tests.platform.role_table import ACCEPT, ACME_ROLES, KNOWN_WRONG, ROLES, TABLE, parse
 from tests.platform.sockets import ORIGIN, session_cookie
@@ -357,7 +357,7 @@ def rest_answer(world: World, operation: str, role: str) -> tuple[int, str]:
     before = database_state() if writes else None
     response = getattr(client, method.lower())(url, data, format=format_)
     if response.streaming:
-        text = b"".join(response.streaming_content).decode(errors="replace")
+        text = streamed_body(response).decode(errors="replace")
         response.close()
     else:
         text = response.content.decode(errors="replace")
