@@ -37,11 +37,13 @@ from engine.paths import plexrl_home
 from engine.scheduler.core import Policy
 from engine.service.session_calls import SESSION_CALLS
 from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
+from engine.tasks.datasets import FIELDS as DATASET_FIELDS
 from engine.tasks.datasets import FORMATS as DATASET_FORMATS
 from engine.tasks.datasets import MAX_BYTES as MAX_DATASET_BYTES
 from engine.tasks.datasets import format_of, parse_dataset, to_jsonl
 
 __all__ = [  # what the control plane uses, besides EngineClient
+    "DATASET_FIELDS",
     "DATASET_FORMATS",
     "MAX_DATASET_BYTES",
     "PRESETS",

@@ -73,7 +73,7 @@ def main() -> None:
     with client.create_session(args.model, rollout=args.backend, trainer=args.backend, name="sdk-grpo",
                                optimizer={"lr": args.lr, "warmup_steps": args.warmup * args.updates,  # cosine to 0
                                           "decay_steps": args.steps * args.updates}) as session:
-        (before, accuracy_before) = held_out(session, tests)
+        before, accuracy_before = held_out(session, tests)
         for step in range(1, args.steps + 1):
             batch = problems(args.seed * 1_000_003 + step, args.prompts)
             out = session.generate(texts=[p for p, _ in batch], n=args.group, temperature=args.temperature,
@@ -89,7 +89,7 @@ def main() -> None:
             session.sync_weights_async()
             session.log_metrics(step, reward_mean=statistics.fmean(rewards), loss=loss.loss)
             print(f"step {step}: reward {statistics.fmean(rewards):.3f}, loss {loss.loss:.4f}", file=sys.stderr)
-        (after, accuracy_after) = held_out(session, tests)
+        after, accuracy_after = held_out(session, tests)
         session.log_metrics(args.steps + 1, held_out_reward_before=before, held_out_reward_after=after)
     print(json.dumps({"session": session.id, "held_out_reward_before": before, "held_out_reward_after": after,
                       "held_out_accuracy_before": accuracy_before, "held_out_accuracy_after": accuracy_after}))

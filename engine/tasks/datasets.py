@@ -31,6 +31,7 @@ MAX_FIELD_CHARS = 4096
 MIN_HELD_OUT = 1  # a dataset must leave something to evaluate on
 HELD_OUT_BUCKETS = 10
 FORMATS = ("jsonl", "csv", "parquet")
+FIELDS = ("prompt", "answer")  # the fields of the JSONL file the engine reads (``to_jsonl``)
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
 
 
@@ -39,16 +40,12 @@ def format_of(name: str) -> str:
     return SUFFIXES.get(Path(name).suffix.lower(), "jsonl")
 
 
-def parse_problems(lines: list[bytes] | list[str]) -> list[Problem]:
-    """Problems from JSONL lines (blank lines are skipped); raises DatasetError naming the first bad
-    line, counting from 1."""
-    return _problems(_jsonl_rows(lines, ("prompt", "answer")), ("prompt", "answer"))
-
-
-def parse_dataset(data: bytes, fmt: str = "jsonl", *, prompt: str = "prompt", answer: str = "answer") -> list[Problem]:
+def parse_dataset(data: bytes, fmt: str = "jsonl", *, prompt: str = FIELDS[0],
+                  answer: str = FIELDS[1]) -> list[Problem]:
     """Problems from a whole file in ``fmt`` (one of FORMATS), the prompt in field or column
     ``prompt`` and the answer in ``answer``. A JSONL line may hold no other field; a table's other
-    columns are left out. DatasetError names the first bad line (JSONL, CSV) or row (Parquet)."""
+    columns are left out; blank lines are skipped. DatasetError names the first bad line (JSONL,
+    CSV; counting from 1) or row (Parquet)."""
     columns = (prompt, answer)
     if prompt == answer:
         raise DatasetError(f"the prompt and the answer are both column {prompt!r}")
@@ -101,11 +98,12 @@ def _csv_rows(data: bytes, columns: tuple[str, str]) -> Iterator[tuple[str, dict
         _has_columns(header, columns)
         at = [header.index(column) for column in columns]
         for values in reader:  # its line_num: the last line of the record (a quoted value may span several)
+            if not any(values):  # a blank line
+                continue
             where = f"line {reader.line_num}"
-            if len(values) != len(header) and any(values):
+            if len(values) != len(header):
                 raise DatasetError(f"{where}: {len(values)} fields; the header has {len(header)}")
-            if any(values):
-                yield where, {column: values[i] for column, i in zip(columns, at, strict=True)}
+            yield where, {column: values[i] for column, i in zip(columns, at, strict=True)}
     except csv.Error as exc:
         raise DatasetError(f"line {reader.line_num}: not CSV ({exc})") from None
 

@@ -27,13 +27,12 @@ from django.shortcuts import get_object_or_404
 
 from accounts.models import Organization, User
 from accounts.services import audit_record
-from engine.control import MAX_DATASET_BYTES, format_of, parse_dataset, to_jsonl
+from engine.control import DATASET_FIELDS, MAX_DATASET_BYTES, format_of, parse_dataset, to_jsonl
 from engine.errors import DatasetError
 from jobs.models import ACTIVE_STATES, Dataset, Job
 
 # The engine refuses a bigger file when the job starts; the platform refuses it on upload.
 MAX_BYTES = MAX_DATASET_BYTES
-DEFAULT_COLUMNS = ("prompt", "answer")  # the engine's JSONL fields
 
 
 class DatasetInUse(Exception):
@@ -95,7 +94,7 @@ def _write_atomically(directory: Path, data: bytes) -> Path:
 
 
 def dataset_create(*, organization: Organization, user: User | None, name: str, upload: UploadedFile,
-                   fmt: str | None = None, columns: tuple[str, str] = DEFAULT_COLUMNS) -> Dataset:
+                   fmt: str | None = None, columns: tuple[str, str] = DATASET_FIELDS) -> Dataset:
     """Validate an uploaded file of problems (``fmt``: JSONL, CSV or Parquet; None: by the file's
     name), its prompt and answer in ``columns``, and store it as one of the organization's datasets.
 
@@ -115,7 +114,7 @@ def dataset_create(*, organization: Organization, user: User | None, name: str, 
         problems = parse_dataset(data, fmt, prompt=columns[0], answer=columns[1])
     except DatasetError as exc:
         raise ValidationError({"file": str(exc)}) from None
-    if (fmt, tuple(columns)) != ("jsonl", DEFAULT_COLUMNS):
+    if (fmt, tuple(columns)) != ("jsonl", DATASET_FIELDS):
         data = to_jsonl(problems)
         if len(data) > MAX_BYTES:  # a Parquet file's problems may not fit once written out
             raise ValidationError({"file": f"its problems written as JSONL take {len(data)} bytes; "

@@ -3,7 +3,7 @@
 from rest_framework import serializers
 
 from accounts.api import ModelSerializer, StrictFieldsMixin
-from engine.control import DATASET_FORMATS
+from engine.control import DATASET_FIELDS, DATASET_FORMATS
 from jobs.cluster import TIMELINE_MAX_WINDOW_S, TIMELINE_WINDOW_S
 from jobs.models import Dataset, JobState
 
@@ -19,9 +19,9 @@ class DatasetUploadSerializer(StrictFieldsMixin, serializers.Serializer):
                                  "(a header line, then a problem a record) or Parquet.")
     format = serializers.ChoiceField(choices=DATASET_FORMATS, required=False,
                                      help_text="Default: from the file's name (.csv, .parquet; JSONL otherwise).")
-    prompt_column = serializers.CharField(max_length=200, default="prompt",
+    prompt_column = serializers.CharField(max_length=200, default=DATASET_FIELDS[0],
                                           help_text="The field or column holding the prompt.")
-    answer_column = serializers.CharField(max_length=200, default="answer",
+    answer_column = serializers.CharField(max_length=200, default=DATASET_FIELDS[1],
                                           help_text="The field or column holding the answer (text or a number); "
                                           "a table's other columns are left out.")
 

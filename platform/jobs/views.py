@@ -8,7 +8,6 @@ Viewers read; members create jobs and act on their own; admins and owners act on
 A transition the job's state does not allow, or a quota it would exceed, answers 409.
 """
 
-
 from django.db.models import QuerySet
 from django.http import Http404, StreamingHttpResponse
 from django.urls import reverse
@@ -258,7 +257,7 @@ class JobArtifactArchiveView(JobView):
             raise Http404
         root = f"job-{job.pk}-{name}"
         response = StreamingHttpResponse(zip_stream(folder, root), content_type="application/zip")
-        response["Content-Disposition"] = f'attachment; filename="{root}.zip"'
+        response["Content-Disposition"] = content_disposition_header(True, f"{root}.zip")
         return response
 
 

@@ -19,7 +19,6 @@ from engine.tasks.datasets import (
     held_out,
     load_problems,
     parse_dataset,
-    parse_problems,
     split,
     to_jsonl,
 )
@@ -28,6 +27,11 @@ from tests.datafiles import csv_bytes, parquet_bytes
 
 def lines(*rows) -> list[str]:
     return [r if isinstance(r, str) else json.dumps(r) for r in rows]
+
+
+def parse_problems(rows: list[str] | list[bytes]) -> list[Problem]:
+    """The problems of a JSONL file of these lines."""
+    return parse_dataset(b"\n".join(r if isinstance(r, bytes) else r.encode() for r in rows))
 
 
 def test_valid_lines_parse_and_blank_lines_are_skipped():

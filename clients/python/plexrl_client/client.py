@@ -128,11 +128,11 @@ class ServiceClient:
             self._send(url, token=self.token, accept="*/*", timeout=self.timeout, into=archive)
             archive.seek(0)
             with zipfile.ZipFile(archive) as files:
-                root = f"job-{int(job_id)}-{name}"
-                for member in files.namelist():  # one folder, nothing outside it
-                    parts = member.split("/")
-                    if parts[0] != root or len(parts) != 2 or parts[1] in ("", ".", ".."):
-                        raise PlexRLError(f"{url}: the archive holds {member!r}, outside {root}/")
+                members = [member.split("/") for member in files.namelist()]
+                root = members[0][0] if members else ""
+                for parts in members:  # files of one folder, nothing outside it
+                    if parts[0] != root or len(parts) != 2 or root in ("", ".", "..") or parts[1] in ("", ".", ".."):
+                        raise PlexRLError(f"{url}: the archive holds {'/'.join(parts)!r}, not a file of one folder")
                 dest.mkdir(parents=True, exist_ok=True)
                 files.extractall(dest)
         return dest / root

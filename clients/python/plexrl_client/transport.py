@@ -4,7 +4,8 @@ that a loop's calls do not each pay a new TCP connection (and the server's setup
 A connection the server closed while idle (servers close idle keep-alive connections after a few
 seconds) is noticed before it is used and replaced. A request whose sending fails on a reused
 connection is sent once more on a new one (the server got no whole request); one that fails
-after it was sent is not, unless it is a GET: a POST may have been acted on.
+after it was sent is not, unless it is a GET none of whose answer was kept yet: a POST may have
+been acted on.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def _exchange(connection: http.client.HTTPConnection, method: str, path: str, da
         return response.status, response.read()
     except (http.client.RemoteDisconnected, ConnectionResetError):
         connection.close()
-        if retry and method == "GET":
+        if retry and method == "GET" and (into is None or into.tell() == 0):  # nothing of it kept yet
             return None
         raise
     except BaseException:
@@ -115,7 +116,7 @@ def send(url: str, *, method: str = "GET", body: Any = None, token: str | None =
     try:
         while True:
             connection, reused = _connection(parts.scheme, parts.netloc, timeout)
-            answer = _exchange(connection, method, path, data, headers, retry=reused and into is None, into=into)
+            answer = _exchange(connection, method, path, data, headers, retry=reused, into=into)
             if answer is not None:
                 break
     except TimeoutError:
