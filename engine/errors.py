@@ -85,12 +85,14 @@ class EngineFault(RuntimeError):
 
 def is_engine_fault(exc: BaseException) -> bool:
     """Whether ``exc`` says a part of the engine died under a job (the job recovers), not that the
-    job itself went wrong (it fails): an ``EngineFault``, a dead Ray actor, a broken scheduler socket."""
-    from ray.exceptions import RayActorError
+    job itself went wrong (it fails): an ``EngineFault``, a dead Ray actor, worker or node, a result
+    lost with the process that held it (a rank's bulky result, owned by the rank, whose node went
+    away before the driver fetched it), a broken scheduler socket."""
+    from ray.exceptions import NodeDiedError, ObjectLostError, RayActorError, WorkerCrashedError
 
     from engine.support.wire import Closed
 
-    return isinstance(exc, (EngineFault, RayActorError, Closed))
+    return isinstance(exc, (EngineFault, RayActorError, ObjectLostError, NodeDiedError, WorkerCrashedError, Closed))
 
 
 def fault_reason(exc: BaseException) -> str:

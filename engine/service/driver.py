@@ -14,7 +14,7 @@ import ray
 from engine.client import Client
 from engine.errors import EngineFault, is_engine_fault
 from engine.scheduler.router import Router
-from engine.service.eventlog import EventLog, read_events
+from engine.service.eventlog import EventLog, LogEnded, read_events
 from engine.spec import JobSpec
 from engine.workers.group import WorkerGroup
 
@@ -63,11 +63,15 @@ class JobDriver:
                              logged=logged, checkpoint=self.resume["path"] if self.resume else None)
         self.restarted = resume
 
-    def note(self, kind: str, data: dict[str, Any]) -> int:
+    def note(self, kind: str, data: dict[str, Any]) -> int | None:
         """Append an event the engine service asks for (pause, resume) while ``run`` goes on: the
         driver stays the log's only writer. Needs the actor to run two calls at once
-        (``max_concurrency=2``); the log serialises the appends."""
-        return self.events.append(kind, data, durable=True)
+        (``max_concurrency=2``); the log serialises the appends. None, and nothing written, once
+        ``run`` ended the job (a resume racing the job's failure must not make it look running)."""
+        try:
+            return self.events.append(kind, data, durable=True, after_own_end=False)
+        except LogEnded:
+            return None
 
     def memory(self) -> dict[str, Any]:
         return driver_memory()

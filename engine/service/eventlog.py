@@ -39,14 +39,16 @@ class EventLog:
             last = read_events(self.path)
             self.seq = last[-1]["seq"] if last else 0
             self._ended = any(_is_terminal(e) for e in last)  # ended by an earlier writer
+            self._ended_here = False  # ended by this writer
             self._size = os.fstat(self._file.fileno()).st_size
 
     def _locked(self):
         return _FileLock(self._file.fileno())
 
-    def append(self, kind: str, data: dict[str, Any], *, durable: bool = False) -> int:
+    def append(self, kind: str, data: dict[str, Any], *, durable: bool = False, after_own_end: bool = True) -> int:
         """Append one event; ``durable`` fsyncs (used at every step boundary). ``LogEnded`` if
-        another writer ended the job."""
+        another writer ended the job, or this one did and ``after_own_end`` is false (a pause or
+        resume noted while the job's own loop was ending it)."""
         with self._lock, self._locked():
             fd = self._file.fileno()
             size = os.fstat(fd).st_size
@@ -55,7 +57,7 @@ class EventLog:
                     self.seq = event["seq"]
                     self._ended = self._ended or _is_terminal(event)
                 self._size = size
-            if self._ended:
+            if self._ended or (self._ended_here and not after_own_end):
                 raise LogEnded(f"{self.path}: the job's log already ends; {kind} not written")
             self.seq += 1
             event = {"seq": self.seq, "kind": kind, "ts": time.time(), "data": data}
@@ -63,6 +65,7 @@ class EventLog:
             self._file.write(line)
             self._file.flush()
             self._size += len(line)
+            self._ended_here = self._ended_here or _is_terminal(event)
             if durable:
                 os.fsync(fd)
             return self.seq

@@ -200,6 +200,19 @@ def test_a_second_writer_goes_on_after_the_first_and_nothing_follows_the_end(tmp
     assert events[2]["data"] == {"state": "failed", "reason": "driver ended"}
 
 
+def test_a_note_racing_the_writers_own_end_is_not_written(tmp_path):
+    """A resume the service notes while the job's loop is failing it: the summary may follow the
+    loop's own end, a state note may not (else the failed job would look running again)."""
+    path = tmp_path / "events.jsonl"
+    log = EventLog(path)
+    log.append("state", {"state": "paused"}, after_own_end=False)  # before any end: written
+    log.append("state", {"state": "failed", "reason": "x"})
+    with pytest.raises(LogEnded):
+        log.append("state", {"state": "running"}, after_own_end=False)
+    assert log.append("summary", {"steps": 1}) == 3
+    assert [e["data"].get("state") for e in read_events(path)] == ["paused", "failed", None]
+
+
 @pytest.mark.parametrize("filler", [0, 2000], ids=["short", "longer-than-the-tail"])
 def test_has_ended_finds_a_terminal_state_from_the_tail_or_the_whole_log(tmp_path, filler):
     running, ended, late = tmp_path / "running.jsonl", tmp_path / "ended.jsonl", tmp_path / "late.jsonl"

@@ -49,6 +49,35 @@ def plain(engine):
     return events
 
 
+@ray.remote(num_cpus=0)
+class _Rank:
+    def bulky(self) -> list:
+        return [ray.put(b"x" * 200_000)]  # as a rank returns a bulky result: owned by the rank
+
+
+def test_a_result_lost_with_the_rank_that_held_it_is_an_engine_fault(ray_engine):
+    """A rank's bulky result stays in its process until the driver fetches it; the rank dying
+    first (its node removed) fails the fetch with Ray's OwnerDiedError. That is the engine's
+    fault, not the job's: the job is recovered, not failed."""
+    from engine.errors import is_engine_fault
+
+    rank = _Rank.remote()
+    (ref,) = ray.get(rank.bulky.remote())
+    ray.kill(rank, no_restart=True)
+    with pytest.raises(ray.exceptions.RayActorError):  # gone, not just asked to go
+        ray.get(rank.bulky.remote(), timeout=60)
+    lost, deadline = None, time.monotonic() + 60
+    while lost is None and time.monotonic() < deadline:  # the store frees the dead owner's objects soon after
+        try:
+            ray.get(ref, timeout=60)
+            time.sleep(0.2)
+        except ray.exceptions.OwnerDiedError as exc:
+            lost = exc
+    assert lost is not None, "the dead rank's result stayed fetchable"
+    assert is_engine_fault(lost)
+    assert not is_engine_fault(ValueError("the job's own error"))
+
+
 def recoveries(events: list[dict]) -> list[dict]:
     return [e["data"] for e in events if e["kind"] == "recovery"]
 
