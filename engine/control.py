@@ -16,7 +16,8 @@ This module is the platform's one door into the engine, with ``engine.spec`` (th
 ``engine.errors`` and ``engine.paths`` (an import-linter contract holds the Django apps to these).
 Besides the client it names the pure pieces the control plane computes with itself: the pre-run
 estimate and the metering that billing stores (one implementation, shared with the simulator),
-the model catalog, and the dataset check an upload runs (the same one a job's start runs).
+the model catalog, the check an uploaded model folder passes, and the dataset check an upload runs
+(the same one a job's start runs).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from engine.accounting.estimate import estimate
 from engine.accounting.metering import LedgerTotals, ledger_totals, record_rows, savings_of_rows, savings_of_totals
 from engine.errors import SessionClosed, SessionPending, UnknownJob, UnknownService
 from engine.models import PRESETS, is_model_dir, preset_dir, resolve_model
+from engine.models.check import BACKEND_ARCHITECTURES, check_model_folder
+from engine.models.check import file_problem as model_file_problem
 from engine.paths import plexrl_home
 from engine.scheduler.core import Policy
 from engine.service.session_calls import SESSION_CALLS
@@ -43,6 +46,7 @@ from engine.tasks.datasets import MAX_BYTES as MAX_DATASET_BYTES
 from engine.tasks.datasets import format_of, parse_dataset, to_jsonl
 
 __all__ = [  # what the control plane uses, besides EngineClient
+    "BACKEND_ARCHITECTURES",
     "DATASET_FIELDS",
     "DATASET_FORMATS",
     "MAX_DATASET_BYTES",
@@ -52,10 +56,12 @@ __all__ = [  # what the control plane uses, besides EngineClient
     "EngineClient",
     "LedgerTotals",
     "ServiceConfig",
+    "check_model_folder",
     "estimate",
     "format_of",
     "is_model_dir",
     "ledger_totals",
+    "model_file_problem",
     "parse_dataset",
     "preset_dir",
     "record_rows",

@@ -31,6 +31,11 @@ class TooLarge(SpecError):
         return type(self), (self.field, self.message, self.limit)
 
 
+class ModelInvalid(EngineError, ValueError):
+    """A model folder the engine does not take (``engine.models.check``); the message names the
+    file or tensor and what is wrong."""
+
+
 class StateError(Exception):
     """Base of the StateManager store's errors; every one leaves the store as it was before the call.
     Here, not in ``engine.state.store``, so a worker group's handle catches them without torch."""

@@ -184,14 +184,17 @@ def _check_megatron_fits(model_dir: Path, tp: int) -> None:
         raise CliError(f"--tp: model {model_dir.name} cannot train on megatron with --tp {tp}: {exc}") from None
 
 
-# -- plexrl models build ------------------------------------------------------------------------
+# -- plexrl models build (upload, list, delete: engine.cli.platform_commands) ---------------------
 def add_models(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("models", help="model presets")
+    from engine.cli.platform_commands import add_model_commands
+
+    p = sub.add_parser("models", help="build a model preset here; upload, list and delete the organization's models")
     msub = p.add_subparsers(dest="models_cmd", required=True)
     b = msub.add_parser("build", help="build a preset into PLEXRL_HOME/models (deterministic)")
     b.add_argument("preset")
     b.add_argument("--force", action="store_true", help="rebuild even if it exists")
     b.set_defaults(func=cmd_models_build)
+    add_model_commands(msub)
 
 
 def cmd_models_build(args: argparse.Namespace) -> int:

@@ -472,6 +472,54 @@ def cmd_datasets_delete(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_model_commands(msub: argparse._SubParsersAction) -> None:
+    """``plexrl models upload | list | delete`` (beside the engine's ``models build``)."""
+    common = _connection_args()
+    u = msub.add_parser("upload", parents=[common], help="upload a Hugging Face model folder; prints its id",
+                        description="Upload a Hugging Face model folder (config.json, *.safetensors weights and "
+                                    "tokenizer files; no pickle .bin, no code) as one of the organization's "
+                                    "models. The server checks it first (an architecture the engine runs, every "
+                                    "tensor's shape, the plan's size); a bad folder is refused naming the file or "
+                                    "tensor, and nothing is kept. Train on it with `plexrl jobs submit --model N`.")
+    u.add_argument("folder", type=Path, metavar="DIR")
+    u.add_argument("--name", required=True, help="what job specs call it, unique within the organization")
+    u.add_argument("--description", default="", help="a line on what it is")
+    u.set_defaults(func=cmd_models_upload)
+    ls = msub.add_parser("list", parents=[common], help="the models a job may name: presets, published, your own")
+    ls.add_argument("--json", action="store_true", help="print the models as JSON")
+    ls.set_defaults(func=cmd_models_list)
+    d = msub.add_parser("delete", parents=[common], help="delete one of the organization's models no active job trains")
+    d.add_argument("model", type=int, metavar="ID")
+    d.set_defaults(func=cmd_models_delete)
+
+
+def cmd_models_upload(args: argparse.Namespace) -> int:
+    if not args.folder.is_dir():
+        raise CliError(f"DIR: {args.folder} is not a folder")
+    model = _client(args).upload_model(args.folder, args.name, description=args.description)
+    print(model["id"])
+    print(f"model {model['id']} {model['name']!r}: {model['architecture']}, {model['parameters']} parameters, "
+          f"{model['size_bytes']} bytes", file=sys.stderr)
+    return 0
+
+
+def cmd_models_list(args: argparse.Namespace) -> int:
+    rows = _client(args).models()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(format_table(("ID", "NAME", "SCOPE", "ARCHITECTURE", "PARAMETERS", "BYTES"),
+                       [(m["id"] or "-", m["name"], m["scope"], m["architecture"] or "-", m["parameters"] or "-",
+                         m["size_bytes"] or "-") for m in rows], right=(0, 4, 5)))
+    return 0
+
+
+def cmd_models_delete(args: argparse.Namespace) -> int:
+    _client(args).delete_model(args.model)
+    print(f"model {args.model} deleted")
+    return 0
+
+
 def add_platform_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``login``, ``jobs ...``, ``datasets ...`` and ``billing report`` (called by
     ``plexrl.build_parser``)."""

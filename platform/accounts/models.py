@@ -11,9 +11,11 @@ import secrets
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.core.serializers.json import DjangoJSONEncoder
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
+
+from engine.control import MAX_DATASET_BYTES
 
 # What a plaintext token starts with: recognisable in logs and by secret scanners.
 TOKEN_PREFIX = "plx_"  # noqa: S105 - a public marker, not a secret
@@ -21,6 +23,7 @@ TOKEN_PREFIX = "plx_"  # noqa: S105 - a public marker, not a secret
 TOKEN_DISPLAY_CHARS = len(TOKEN_PREFIX) + 8
 # The longest lifetime a token may be given (ten years); none at all means it never expires.
 TOKEN_MAX_DAYS = 3650
+DEFAULT_MAX_MODEL_BYTES = 4 * 1024**3  # a plan's largest model upload unless staff set another
 
 
 class User(AbstractUser):
@@ -70,12 +73,21 @@ class Plan(models.Model):
         max_length=8, choices=Priority.choices, default=Priority.NORMAL,
         help_text="The highest priority its jobs may ask for.",
     )
+    max_model_bytes = models.PositiveBigIntegerField(
+        default=DEFAULT_MAX_MODEL_BYTES, validators=[MinValueValidator(1)],
+        help_text="The largest model folder its members may upload (bytes).",
+    )
+    max_dataset_bytes = models.PositiveBigIntegerField(
+        default=MAX_DATASET_BYTES, validators=[MinValueValidator(1), MaxValueValidator(MAX_DATASET_BYTES)],
+        help_text=f"The largest dataset file its members may upload (bytes; at most the engine's {MAX_DATASET_BYTES}).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     # The limits, in display order; then the fields staff may change.
     LIMIT_FIELDS = ("device_hours_per_month", "max_concurrent_jobs", "max_devices_per_job")
-    EDITABLE_FIELDS = ("description", *LIMIT_FIELDS, "weight", "max_priority")
+    UPLOAD_FIELDS = ("max_model_bytes", "max_dataset_bytes")
+    EDITABLE_FIELDS = ("description", *LIMIT_FIELDS, "weight", "max_priority", *UPLOAD_FIELDS)
 
     class Meta:
         ordering = ("name",)
@@ -103,7 +115,9 @@ def default_plan() -> Plan:
     from django.core.exceptions import ImproperlyConfigured
 
     name = settings.PLEXRL_DEFAULT_PLAN
-    plan = Plan.objects.filter(name=name).first()
+    # only the columns read here: migration 0003 calls this for the Plan of its time, before later
+    # migrations add columns the model has now
+    plan = Plan.objects.filter(name=name).only("pk", "name", *Plan.LIMIT_FIELDS).first()
     if plan is None:
         raise ImproperlyConfigured(
             f"The default plan {name!r} (PLEXRL_DEFAULT_PLAN) does not exist; create it with "

@@ -13,7 +13,18 @@ from rest_framework import serializers
 
 from accounts import selectors
 from accounts.api import ModelSerializer, StrictFieldsMixin
-from accounts.models import TOKEN_MAX_DAYS, ApiToken, AuditLog, Membership, Organization, Plan, Priority, Role, User
+from accounts.models import (
+    MAX_DATASET_BYTES,
+    TOKEN_MAX_DAYS,
+    ApiToken,
+    AuditLog,
+    Membership,
+    Organization,
+    Plan,
+    Priority,
+    Role,
+    User,
+)
 
 
 def _username_field(**kwargs) -> serializers.SlugRelatedField:
@@ -189,6 +200,8 @@ class PlanInputSerializer(StrictFieldsMixin, serializers.Serializer):
     max_devices_per_job = serializers.IntegerField(required=False, **_COUNT)
     weight = serializers.FloatField(min_value=0.01, max_value=1000, required=False)
     max_priority = serializers.ChoiceField(choices=Priority.choices, required=False)
+    max_model_bytes = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False)
+    max_dataset_bytes = serializers.IntegerField(min_value=1, max_value=MAX_DATASET_BYTES, required=False)
 
     def __init__(self, *args: Any, partial_update: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -204,7 +217,7 @@ class PlanSerializer(ModelSerializer):
 
     class Meta:
         model = Plan
-        fields = ("id", "name", "description", *Plan.LIMIT_FIELDS, "weight", "max_priority",
+        fields = ("id", "name", "description", *Plan.LIMIT_FIELDS, "weight", "max_priority", *Plan.UPLOAD_FIELDS,
                   "organization_count", "created_at", "updated_at")
         read_only_fields = fields
 
@@ -245,7 +258,8 @@ class QuotaSerializer(ModelSerializer):
 
     class Meta:
         model = Plan
-        fields = ("organization", "plan", *Plan.LIMIT_FIELDS, "weight", "max_priority", "updated_at", "usage")
+        fields = ("organization", "plan", *Plan.LIMIT_FIELDS, "weight", "max_priority", *Plan.UPLOAD_FIELDS,
+                  "updated_at", "usage")
         read_only_fields = fields
 
     def get_organization(self, obj: Plan) -> int:

@@ -24,6 +24,7 @@ from django.views.generic import RedirectView
 from accounts import selectors as account_selectors
 from accounts.api import resolve_organization
 from accounts.models import Membership, Organization, Priority, Role
+from engine.control import DATASET_FORMATS, MAX_DATASET_BYTES
 from engine.spec import ROLLOUT_BACKENDS, TRAINER_BACKENDS, GRPOConfig, default_rollout, default_trainer
 from jobs import selectors as job_selectors
 from jobs.models import DeploymentMode, JobState
@@ -143,6 +144,17 @@ def staff_savings(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+def library(request: HttpRequest) -> HttpResponse:
+    """``/library/``: the organization's models and datasets; members upload and delete them."""
+    organization, _ = _current(request)
+    plan = organization.plan if organization else None
+    return _page(request, "pages/library.html", title="Models & data", module="library.js",
+                 max_model_bytes=plan.max_model_bytes if plan else None,
+                 max_dataset_bytes=min(plan.max_dataset_bytes, MAX_DATASET_BYTES) if plan else None,
+                 dataset_formats=list(DATASET_FORMATS))
+
+
+@login_required
 def tokens(request: HttpRequest) -> HttpResponse:
     """``/tokens/``: the user's API tokens in the current organization: list, create, revoke."""
     return _page(request, "pages/tokens.html", title="API tokens", module="tokens.js")
@@ -158,5 +170,6 @@ urlpatterns = [
     path("cluster/", cluster, name="cluster"),
     path("billing/", billing, name="billing"),
     path("staff/savings/", staff_savings, name="staff-savings"),
+    path("library/", library, name="library"),
     path("tokens/", tokens, name="tokens"),
 ]

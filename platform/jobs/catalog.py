@@ -1,9 +1,11 @@
-"""The models a job may train: the engine's built-in presets (built on demand by the engine) and the
-local Hugging Face folders platform staff registered by name (``RegisteredModel``).
+"""The models a job may train: the engine's built-in presets (built on demand by the engine), the
+Hugging Face folders published to every organization (registered by platform staff, or uploads they
+published) and an organization's own uploads (``jobs.model_uploads``), all ``RegisteredModel``.
 
-A job spec names its model; ``resolve_model`` turns a registered name into its folder before the
-engine sees the spec. Tenants name models, never paths: a path could point at anything the server
-can read (another organization's checkpoints among them).
+A job spec names its model; ``resolve_model`` turns a name the organization sees into its folder
+before the engine sees the spec, and checks the job's backends run its architecture. Tenants name
+models, never paths: a path could point at anything the server can read (another organization's
+checkpoints among them).
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet
+from django.shortcuts import get_object_or_404
 
-from accounts.models import User
-from engine.control import PRESETS
+from accounts.models import Organization, User
+from engine.control import BACKEND_ARCHITECTURES, PRESETS
+from engine.spec import default_rollout, default_trainer
 from jobs.models import RegisteredModel
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -42,16 +47,29 @@ def folder_problem(path: Path) -> str | None:
     return None
 
 
+def clean_name(name: str, *, organization: Organization | None) -> str:
+    """A model's name, checked: well-formed, not a preset's, not taken among the published models
+    nor (for an organization's upload) among the organization's own. ``ValidationError`` by field."""
+    name = (name or "").strip()
+    if not NAME_RE.match(name):
+        raise ValidationError({"name": "use 1 to 100 letters, digits, '.', '_' or '-', starting with a letter or "
+                                       "digit"})
+    if name in PRESETS:
+        raise ValidationError({"name": f"{name!r} is a built-in preset"})
+    taken = RegisteredModel.objects.filter(Q(organization__isnull=True) | (
+        Q(organization=organization) if organization is not None else Q(pk__in=[])), name=name)
+    if taken.exists():
+        raise ValidationError({"name": f"a model named {name!r} is already registered"})
+    return name
+
+
 def clean_registration(*, name: str, path: str) -> tuple[str, Path]:
     """The name and the resolved folder of a registration; ``ValidationError`` by field otherwise."""
     errors = {}
-    name = (name or "").strip()
-    if not NAME_RE.match(name):
-        errors["name"] = "use 1 to 100 letters, digits, '.', '_' or '-', starting with a letter or digit"
-    elif name in PRESETS:
-        errors["name"] = f"{name!r} is a built-in preset"
-    elif RegisteredModel.objects.filter(name=name).exists():
-        errors["name"] = f"a model named {name!r} is already registered"
+    try:
+        name = clean_name(name, organization=None)
+    except ValidationError as exc:
+        errors.update(exc.message_dict)
     folder = Path(path or "").expanduser()
     problem = folder_problem(folder)
     if problem:
@@ -73,38 +91,76 @@ def model_register(*, user: User | None, name: str, path: str, description: str 
         raise ValidationError({"name": f"a model named {name!r} is already registered"}) from None
 
 
-def models_catalog() -> list[dict[str, Any]]:
-    """Every model a job may name: the presets first (``builtin``), then the registered ones by name."""
+def models_of(*, organization: Organization | None) -> QuerySet[RegisteredModel]:
+    """The registered models an organization sees: the published ones and its own (staff of no
+    organization: the published ones)."""
+    own = Q(organization=organization) if organization is not None else Q(pk__in=[])
+    visible = Q(organization__isnull=True) | own
+    return RegisteredModel.objects.filter(visible).select_related("registered_by").order_by("name", "id")
+
+
+def model_get(*, organization: Organization | None, pk: int) -> RegisteredModel:
+    """One model the organization sees; 404 for another organization's."""
+    return get_object_or_404(models_of(organization=organization), pk=pk)
+
+
+def model_entry(model: RegisteredModel) -> dict[str, Any]:
+    """A registered model as the catalog lists it."""
+    return {"id": model.pk, "name": model.name, "builtin": False,
+            "scope": "published" if model.organization_id is None else "organization",
+            "path": model.path, "description": model.description, "architecture": model.architecture or None,
+            "parameters": model.parameters, "size_bytes": model.size_bytes, "dtype": model.dtype or None,
+            "created_at": model.created_at}
+
+
+def models_catalog(*, organization: Organization | None) -> list[dict[str, Any]]:
+    """Every model a job of ``organization`` may name: the presets first (``builtin``), then the
+    published ones and its own, by name."""
     presets = [
-        {"name": name, "builtin": True, "path": None, "description": "built-in preset (built on first use)",
-         "created_at": None}
+        {"id": None, "name": name, "builtin": True, "scope": "builtin", "path": None,
+         "description": "built-in preset (built on first use)", "architecture": "Qwen2ForCausalLM",
+         "parameters": None, "size_bytes": None, "dtype": None, "created_at": None}
         for name in sorted(PRESETS)
     ]
-    registered = [
-        {"name": m.name, "builtin": False, "path": m.path, "description": m.description, "created_at": m.created_at}
-        for m in RegisteredModel.objects.order_by("name")
-    ]
-    return presets + registered
+    return presets + [model_entry(m) for m in models_of(organization=organization)]
 
 
 def _looks_like_a_path(value: str) -> bool:
     return "/" in value or "\\" in value or value.startswith(("~", "."))
 
 
-def resolve_model(*, spec: Any) -> Any:
-    """The spec with a registered model's name replaced by its folder; a built-in preset's name
-    stays (the engine builds presets on demand). A path or a name that is neither is refused
+def _backend_problem(model: RegisteredModel, spec: dict[str, Any]) -> str | None:
+    """Why the job's backends cannot run the model's architecture, or None."""
+    if not model.architecture:
+        return None  # registered unchecked by staff: the engine finds out
+    for side, default in (("rollout", default_rollout), ("trainer", default_trainer)):
+        backend = spec.get(side) or default()
+        if backend in BACKEND_ARCHITECTURES and model.architecture not in BACKEND_ARCHITECTURES[backend]:
+            runs = ", ".join(sorted(BACKEND_ARCHITECTURES[backend]))
+            return f"{model.name!r} is a {model.architecture}; the {backend} {side} runs {runs}"
+    return None
+
+
+def resolve_model(*, organization: Organization | None, spec: Any) -> Any:
+    """The spec with the name of a model the organization sees replaced by its folder (its own
+    before a published one of the same name); a built-in preset's name stays (the engine builds
+    presets on demand). A path, a name it does not see (another organization's model among them)
+    or a model whose architecture the job's backends do not run is refused
     (``ValidationError({"spec.model": ...})``): bad input never reaches the engine."""
     if not isinstance(spec, dict) or not isinstance(spec.get("model"), str):
         return spec
     name = spec["model"]
     if _looks_like_a_path(name):
-        raise ValidationError({"spec.model": "name a built-in preset or a registered model (GET models/), "
-                                             "not a path"})
+        raise ValidationError({"spec.model": "name a built-in preset or a model of GET models/, not a path"})
     if name in PRESETS:
         return spec
-    path = RegisteredModel.objects.filter(name=name).values_list("path", flat=True).first()
-    if path is None:
-        known = sorted(PRESETS) + list(RegisteredModel.objects.order_by("name").values_list("name", flat=True))
+    seen = models_of(organization=organization).filter(name=name)
+    model = seen.filter(organization=organization).first() if organization is not None else None
+    model = model or seen.filter(organization__isnull=True).first()
+    if model is None:
+        known = sorted(PRESETS) + sorted({m.name for m in models_of(organization=organization)})
         raise ValidationError({"spec.model": f"unknown model {name!r}; known: {', '.join(known)}"})
-    return {**spec, "model": path}
+    problem = _backend_problem(model, spec)
+    if problem:
+        raise ValidationError({"spec.model": problem})
+    return {**spec, "model": model.path}

@@ -31,7 +31,8 @@ from engine.control import DATASET_FIELDS, MAX_DATASET_BYTES, format_of, parse_d
 from engine.errors import DatasetError
 from jobs.models import ACTIVE_STATES, Dataset, Job
 
-# The engine refuses a bigger file when the job starts; the platform refuses it on upload.
+# The engine refuses a bigger file when the job starts; the platform refuses on upload a file bigger
+# than the organization's plan allows (``Plan.max_dataset_bytes``, at most this).
 MAX_BYTES = MAX_DATASET_BYTES
 
 
@@ -44,8 +45,13 @@ def datasets_dir(organization: Organization) -> Path:
     return Path(settings.PLEXRL_HOME) / "datasets" / str(organization.pk)
 
 
-def too_big_message(size: int) -> str:
-    return f"the file is {size} bytes; the limit is {MAX_BYTES} bytes"
+def too_big_message(size: int, limit: int) -> str:
+    return f"the file is {size} bytes; the limit is {limit} bytes"
+
+
+def size_limit(organization: Organization) -> int:
+    """The largest dataset file the organization may upload: its plan's limit, at most the engine's."""
+    return min(organization.plan.max_dataset_bytes, MAX_BYTES)
 
 
 # --- reads ----------------------------------------------------------------------------------------
@@ -64,13 +70,13 @@ def dataset_get(*, organization: Organization, pk: int) -> Dataset:
 # --- writes ---------------------------------------------------------------------------------------
 
 
-def _read_capped(upload: UploadedFile) -> bytes:
-    """The upload's bytes, refusing it as soon as it passes MAX_BYTES (whatever its size claimed)."""
+def _read_capped(upload: UploadedFile, limit: int) -> bytes:
+    """The upload's bytes, refusing it as soon as it passes ``limit`` (whatever its size claimed)."""
     chunks, total = [], 0
     for chunk in upload.chunks():
         total += len(chunk)
-        if total > MAX_BYTES:
-            raise ValidationError({"file": too_big_message(upload.size if upload.size > MAX_BYTES else total)})
+        if total > limit:
+            raise ValidationError({"file": too_big_message(upload.size if upload.size > limit else total, limit)})
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -104,11 +110,12 @@ def dataset_create(*, organization: Organization, user: User | None, name: str, 
         raise ValidationError({"name": "must not be blank"})
     if upload is None:
         raise ValidationError({"file": "no file was submitted"})
-    if upload.size is not None and upload.size > MAX_BYTES:  # before reading any of it
-        raise ValidationError({"file": too_big_message(upload.size)})
+    limit = size_limit(organization)
+    if upload.size is not None and upload.size > limit:  # before reading any of it
+        raise ValidationError({"file": too_big_message(upload.size, limit)})
     if Dataset.objects.filter(organization=organization, name=name).exists():
         raise ValidationError({"name": f"a dataset named {name!r} already exists"})
-    data = _read_capped(upload)
+    data = _read_capped(upload, limit)
     fmt = fmt or format_of(upload.name or "")
     try:
         problems = parse_dataset(data, fmt, prompt=columns[0], answer=columns[1])
@@ -116,9 +123,9 @@ def dataset_create(*, organization: Organization, user: User | None, name: str, 
         raise ValidationError({"file": str(exc)}) from None
     if (fmt, tuple(columns)) != ("jsonl", DATASET_FIELDS):
         data = to_jsonl(problems)
-        if len(data) > MAX_BYTES:  # a Parquet file's problems may not fit once written out
+        if len(data) > limit:  # a Parquet file's problems may not fit once written out
             raise ValidationError({"file": f"its problems written as JSONL take {len(data)} bytes; "
-                                           f"the limit is {MAX_BYTES} bytes"})
+                                           f"the limit is {limit} bytes"})
     path = _write_atomically(datasets_dir(organization), data)
     try:
         with transaction.atomic():

@@ -139,19 +139,36 @@ class Dataset(models.Model):
 
 
 class RegisteredModel(models.Model):
-    """A local Hugging Face model folder that platform staff made available to every organization
-    by name (a job's ``spec.model``); the engine's built-in presets are listed beside them."""
+    """A Hugging Face model folder a job may name (its ``spec.model``): one an organization's member
+    uploaded (``organization`` set: that organization's alone, under ``PLEXRL_HOME/model-uploads/``)
+    or one platform staff published to every organization (``organization`` null: a server folder
+    they registered, or an upload they published). The engine's built-in presets are listed beside
+    them. An organization's own model shadows a published one of the same name."""
 
-    name = models.CharField(max_length=100, unique=True)
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.PROTECT, null=True, blank=True,
+                                     related_name="models",
+                                     help_text="The organization that uploaded it; empty: published to every one.")
+    name = models.CharField(max_length=100)
     path = models.CharField(max_length=1000, help_text="The model folder (absolute): config.json, "
                                                        "*.safetensors weights and a tokenizer.")
     description = models.TextField(blank=True)
+    architecture = models.CharField(max_length=100, blank=True, help_text="config.json's architecture, as checked "
+                                                                           "on upload (blank: registered unchecked).")
+    parameters = models.PositiveBigIntegerField(null=True, blank=True)
+    size_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    dtype = models.CharField(max_length=16, blank=True)
     registered_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                                       related_name="registered_models")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ("name",)
+        ordering = ("name", "id")
+        constraints = (
+            models.UniqueConstraint(fields=("name",), condition=models.Q(organization__isnull=True),
+                                    name="model_unique_published_name"),
+            models.UniqueConstraint(fields=("organization", "name"), condition=models.Q(organization__isnull=False),
+                                    name="model_unique_name_per_organization"),
+        )
 
     def __str__(self) -> str:
         return self.name

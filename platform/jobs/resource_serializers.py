@@ -49,13 +49,32 @@ class ModelRegisterSerializer(StrictFieldsMixin, serializers.Serializer):
     description = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
 
 
-class ModelEntrySerializer(serializers.Serializer):
-    """A model a job may name: a built-in preset or a registered folder."""
+class ModelUploadSerializer(StrictFieldsMixin, serializers.Serializer):
+    """``POST models/upload/`` (multipart): a Hugging Face model folder's files, flat, by name."""
 
+    name = serializers.CharField(max_length=100, help_text="What job specs call it (spec.model), unique among "
+                                                           "the organization's and the published models.")
+    files = serializers.ListField(child=serializers.FileField(allow_empty_file=False), allow_empty=False,
+                                  help_text="config.json, the *.safetensors weights and the tokenizer files, one "
+                                            "part each (no pickle .bin/.pt, no code).")
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class ModelEntrySerializer(serializers.Serializer):
+    """A model a job may name: a built-in preset, a published folder or one of the organization's uploads."""
+
+    id = serializers.IntegerField(allow_null=True, help_text="null for a preset.")
     name = serializers.CharField()
     builtin = serializers.BooleanField(help_text="An engine preset, built on first use.")
-    path = serializers.CharField(allow_null=True, help_text="The registered folder; null for a preset.")
+    scope = serializers.ChoiceField(choices=("builtin", "published", "organization"),
+                                    help_text="builtin, published to every organization, or the organization's own.")
+    path = serializers.CharField(allow_null=True, help_text="The folder on the server; null for a preset.")
     description = serializers.CharField(allow_blank=True)
+    architecture = serializers.CharField(allow_null=True, help_text="config.json's architecture (null: a folder "
+                                                                    "staff registered unchecked).")
+    parameters = serializers.IntegerField(allow_null=True)
+    size_bytes = serializers.IntegerField(allow_null=True)
+    dtype = serializers.CharField(allow_null=True, help_text="The stored weights' dtype (float32, bfloat16, ...).")
     created_at = serializers.DateTimeField(allow_null=True, help_text="When it was registered; null for a preset.")
 
 

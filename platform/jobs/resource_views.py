@@ -2,12 +2,15 @@
 
 - ``datasets/``: the organization's own problems (JSONL uploads); viewers read, members upload and
   delete their own, admins and owners anyone's. Another organization's dataset answers 404.
-- ``models/``: the models a job may name (the engine's presets and the folders staff registered);
-  anyone in an organization reads, platform staff register.
+- ``models/``: the models a job may name (the engine's presets, the folders published to every
+  organization, the organization's own uploads); anyone in an organization reads, members upload
+  and delete their own, admins and owners any of the organization's, platform staff register and
+  publish. Another organization's model answers 404.
 - ``cluster/``: every active job of the cluster, other organizations' anonymised except for staff.
 """
 
 from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, status
 from rest_framework.parsers import FormParser, MultiPartParser
@@ -16,10 +19,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.api import HasOrgRole, OrgAPIView, OrgGenericAPIView, require_role, role_map
+from accounts.api import HasOrgRole, OrgAPIView, OrgGenericAPIView, StaffAPIView, require_role, role_map
 from accounts.models import Role
-from jobs import catalog, cluster, datasets
-from jobs.models import Dataset
+from jobs import catalog, cluster, datasets, model_uploads
+from jobs.models import Dataset, RegisteredModel
 from jobs.resource_serializers import (
     ClusterQuerySerializer,
     ClusterSerializer,
@@ -27,6 +30,7 @@ from jobs.resource_serializers import (
     DatasetUploadSerializer,
     ModelEntrySerializer,
     ModelRegisterSerializer,
+    ModelUploadSerializer,
 )
 from jobs.serializers import ConflictSerializer
 from jobs.views import Conflict
@@ -80,8 +84,9 @@ class DatasetListCreateView(OrgGenericAPIView):
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             length = 0
-        if length > datasets.MAX_BYTES + MULTIPART_SLACK:  # refused before the body is read
-            raise exceptions.ValidationError({"file": [datasets.too_big_message(length)]})
+        limit = datasets.size_limit(request.organization)
+        if length > limit + MULTIPART_SLACK:  # refused before the body is read
+            raise exceptions.ValidationError({"file": [datasets.too_big_message(length, limit)]})
         serializer = DatasetUploadSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         body = serializer.validated_data
@@ -128,24 +133,94 @@ class DatasetDetailView(OrgGenericAPIView):
 
 
 class ModelListCreateView(OrgAPIView):
-    """``GET models/``: the models a job's ``spec.model`` may name, built-in presets first.
-    ``POST`` (platform staff): register a local Hugging Face model folder by name."""
+    """``GET models/``: the models a job's ``spec.model`` may name, built-in presets first, then the
+    published ones and the organization's own by name. ``POST`` (platform staff): publish a local
+    Hugging Face model folder on the server by name."""
 
     organization_required = False  # staff need no organization; StaffOrOrgMember checks the others
     permission_classes = (IsAuthenticated, HasOrgRole, StaffOrOrgMember, StaffWrites)
 
     @extend_schema(summary="List models", responses=ModelEntrySerializer(many=True))
     def get(self, request: Request) -> Response:
-        return Response(ModelEntrySerializer(catalog.models_catalog(), many=True).data)
+        return Response(ModelEntrySerializer(catalog.models_catalog(organization=request.organization), many=True).data)
 
     @extend_schema(summary="Register a model", request=ModelRegisterSerializer, responses={201: ModelEntrySerializer})
     def post(self, request: Request) -> Response:
         serializer = ModelRegisterSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         model = catalog.model_register(user=request.user, **serializer.validated_data)
-        entry = {"name": model.name, "builtin": False, "path": model.path, "description": model.description,
-                 "created_at": model.created_at}
-        return Response(ModelEntrySerializer(entry).data, status=status.HTTP_201_CREATED)
+        return Response(ModelEntrySerializer(catalog.model_entry(model)).data, status=status.HTTP_201_CREATED)
+
+
+class ModelUploadView(OrgAPIView):
+    """``POST models/upload/`` (members; multipart ``name``, ``files``, optional ``description``):
+    upload a Hugging Face model folder as one of the organization's models, checked before it is
+    kept (safetensors only, an architecture the engine runs, every tensor's shape, the plan's
+    size); any error stores nothing."""
+
+    required_roles = role_map(POST=Role.MEMBER)
+    parser_classes = (MultiPartParser,)
+
+    @extend_schema(summary="Upload a model", request={"multipart/form-data": ModelUploadSerializer},
+                   responses={201: ModelEntrySerializer})
+    def post(self, request: Request) -> Response:
+        limit = request.organization.plan.max_model_bytes
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if length > limit + MULTIPART_SLACK:  # refused before the body is read
+            raise exceptions.ValidationError({"files": [model_uploads.too_big_message(length, limit)]})
+        serializer = ModelUploadSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        body = serializer.validated_data
+        model = model_uploads.model_upload(organization=request.organization, user=request.user, name=body["name"],
+                                           files=body["files"], description=body["description"])
+        return Response(ModelEntrySerializer(catalog.model_entry(model)).data, status=status.HTTP_201_CREATED)
+
+
+class ModelDetailView(OrgAPIView):
+    """``GET models/{id}/``: a published model or one of the organization's (another organization's
+    answers 404). ``DELETE``: members delete their organization's models they uploaded, admins and
+    owners any of its models, platform staff published ones; 409 while an active job trains it."""
+
+    organization_required = False
+    permission_classes = (IsAuthenticated, HasOrgRole, StaffOrOrgMember)
+
+    def get_object(self) -> RegisteredModel:
+        return catalog.model_get(organization=self.request.organization, pk=self.kwargs["model_id"])
+
+    @extend_schema(summary="Show a model", responses=ModelEntrySerializer)
+    def get(self, request: Request, model_id: int) -> Response:
+        return Response(ModelEntrySerializer(catalog.model_entry(self.get_object())).data)
+
+    @extend_schema(
+        summary="Delete a model",
+        responses={204: None, 409: OpenApiResponse(ConflictSerializer, description="An active job trains it.")},
+    )
+    def delete(self, request: Request, model_id: int) -> Response:
+        model = self.get_object()
+        if model.organization_id is None:
+            if not request.user.is_staff:
+                raise exceptions.PermissionDenied("Only platform staff can delete a published model.")
+        else:
+            require_role(request, Role.MEMBER if model.registered_by_id == request.user.pk else Role.ADMIN)
+        try:
+            model_uploads.model_delete(model=model, actor=request.user)
+        except model_uploads.ModelInUse as exc:
+            raise Conflict(str(exc)) from None
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ModelPublishView(StaffAPIView):
+    """``POST models/{id}/publish/`` (platform staff): an organization's uploaded model becomes one
+    every organization sees and may train."""
+
+    @extend_schema(summary="Publish a model to every organization", request=None, responses=ModelEntrySerializer)
+    def post(self, request: Request, model_id: int) -> Response:
+        model = get_object_or_404(RegisteredModel, pk=model_id)
+        model = model_uploads.model_publish(model=model, actor=request.user)
+        return Response(ModelEntrySerializer(catalog.model_entry(model)).data)
 
 
 # --- cluster --------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def _validated(*, organization: Organization, spec: dict, rollout_devices: int, 
     """A job's input as the engine will see it: its JobSpec, datasets and registered models resolved to
     paths; every error a field error (``ValidationError``)."""
     # a dataset id and a registered model's name become paths (the stored spec keeps the paths)
-    spec = resolve_model(spec=resolve_dataset(organization=organization, spec=spec))
+    spec = resolve_model(organization=organization, spec=resolve_dataset(organization=organization, spec=spec))
     parsed = parse_spec(spec)
     errors = {}
     for field, value in (("rollout_devices", rollout_devices), ("train_devices", train_devices)):

@@ -27,6 +27,9 @@ urlpatterns += [
     path("datasets/", resource_views.DatasetListCreateView.as_view(), name="datasets"),
     path("datasets/<int:dataset_id>/", resource_views.DatasetDetailView.as_view(), name="dataset-detail"),
     path("models/", resource_views.ModelListCreateView.as_view(), name="models"),
+    path("models/upload/", resource_views.ModelUploadView.as_view(), name="model-upload"),
+    path("models/<int:model_id>/", resource_views.ModelDetailView.as_view(), name="model-detail"),
+    path("models/<int:model_id>/publish/", resource_views.ModelPublishView.as_view(), name="model-publish"),
     path("cluster/", resource_views.ClusterView.as_view(), name="cluster"),
 ]
 

@@ -43,7 +43,46 @@ def _sign_in(page, username: str, password: str) -> None:
     expect(page).to_have_url(re.compile(r"/jobs/$"))
 
 
-def test_sign_in_submit_watch_pause_resume_cluster_cancel_and_download(page, live_platform):
+def _upload_a_model_and_a_dataset(page, tmp_path) -> None:
+    """The library page: a pickled model refused beside its field (nothing kept), then a tiny
+    model and a CSV dataset with mapped columns uploaded; the model is then a choice of the submit
+    form."""
+    from jobs.models import Dataset, RegisteredModel
+    from tests.datafiles import csv_bytes
+    from tests.modelfiles import build_tiny_model
+
+    folder = build_tiny_model(tmp_path / "my-qwen")
+    page.get_by_role("link", name="Models & data", exact=True).click()
+    expect(page.locator("#model-form")).to_have_attribute("data-ready", "true")
+    page.get_by_label("Name", exact=True).first.fill("my-qwen")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"pickle")
+    page.get_by_label("Files of the model folder").set_input_files(
+        [*sorted(folder.iterdir()), tmp_path / "pytorch_model.bin"])
+    page.get_by_role("button", name="Upload model", exact=True).click()
+    expect(page.locator("#model-files-error")).to_contain_text("pickle-based weights are not accepted")
+    assert not RegisteredModel.objects.exists()
+    page.get_by_label("Files of the model folder").set_input_files(sorted(folder.iterdir()))
+    page.get_by_role("button", name="Upload model", exact=True).click()
+    expect(page.locator("#model-uploaded")).to_contain_text("Uploaded model my-qwen: Qwen2ForCausalLM")
+    expect(page.locator('#model-rows tr[data-scope="organization"]')).to_contain_text("my-qwen")
+
+    rows = [{"question": f"{i}+{i}=", "solution": str(2 * i)} for i in range(5)]
+    (tmp_path / "sums.csv").write_bytes(csv_bytes(rows))
+    page.locator("#dataset-name").fill("sums")
+    page.get_by_label("File", exact=True).set_input_files(tmp_path / "sums.csv")
+    page.get_by_label("Prompt column").fill("question")
+    page.get_by_label("Answer column").fill("solution")
+    page.get_by_role("button", name="Upload dataset", exact=True).click()
+    expect(page.locator("#dataset-uploaded")).to_contain_text("Uploaded dataset sums: 5 problems.")
+    expect(page.locator("#dataset-rows tr")).to_have_count(1)
+    assert Dataset.objects.get().problems == 5
+    screenshot(page, "library")
+    page.get_by_role("link", name="Submit", exact=True).click()
+    expect(page.locator("#job-form")).to_have_attribute("data-ready", "true")
+    expect(page.get_by_label("Model", exact=True).locator("option", has_text="my-qwen")).to_have_count(1)
+
+
+def test_sign_in_submit_watch_pause_resume_cluster_cancel_and_download(page, live_platform, tmp_path):
     from accounts.services import organization_create
     from jobs import services
     from jobs.models import Job, JobEvent, JobMetric, JobState
@@ -54,6 +93,7 @@ def test_sign_in_submit_watch_pause_resume_cluster_cancel_and_download(page, liv
     rival = UserFactory(username="grace")
     globex = organization_create(name="Globex", owner=rival)
     _sign_in(page, "ada", PASSWORD)
+    _upload_a_model_and_a_dataset(page, tmp_path)
 
     # --- submit: a bad value first ---------------------------------------------------------------
     page.get_by_role("link", name="Submit", exact=True).click()

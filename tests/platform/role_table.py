@@ -89,6 +89,13 @@ DELETE /api/v1/datasets/{dataset_id}/                               204  204  40
 # staff register models
 GET    /api/v1/models/                                              200  200  200  200  200  403  200  401  401  401
 POST   /api/v1/models/                                              403  403  403  403  403  403  201  401  401  401
+# an organization's own models: members upload (outsiders into their own organization) and delete
+# their own (this one is another member's), admins and owners any; staff see the published ones
+# only, and publish an upload to every organization
+POST   /api/v1/models/upload/                                       201  201  201  403  201  403  403  401  401  401
+GET    /api/v1/models/{model_id}/                                   200  200  200  200  404  403  404  401  401  401
+DELETE /api/v1/models/{model_id}/                                   204  204  403  403  404  403  404  401  401  401
+POST   /api/v1/models/{model_id}/publish/                           403  403  403  403  403  403  200  401  401  401
 GET    /api/v1/cluster/                                             200  200  200  200  200  403  200  401  401  401
 # billing: the organization's own figures; the cluster's report is staff's
 GET    /api/v1/billing/usage/                                       200  200  200  200  200  403  403  401  401  401

@@ -430,6 +430,44 @@ def test_datasets_upload_list_and_delete_through_the_client_and_the_cli(acme, gl
     assert [d["id"] for d in acme.client.datasets()] == [dataset["id"]]
 
 
+# --- models ---------------------------------------------------------------------------------------
+
+
+def test_models_upload_list_and_delete_through_the_client_and_the_cli(acme, globex, tmp_path):
+    from jobs.models import RegisteredModel
+    from tests.modelfiles import build_tiny_model
+
+    folder = build_tiny_model(tmp_path / "my-qwen", "qwen2")
+    model = acme.client.upload_model(folder, "my-qwen", description="tiny")
+    assert (model["name"], model["scope"], model["architecture"]) == ("my-qwen", "organization", "Qwen2ForCausalLM")
+    assert sorted(p.name for p in Path(RegisteredModel.objects.get(pk=model["id"]).path).iterdir()) == sorted(
+        p.name for p in folder.iterdir())
+    assert "my-qwen" in [m["name"] for m in acme.client.models()]
+    assert "my-qwen" not in [m["name"] for m in globex.client.models()]  # another organization's: not there
+    with pytest.raises(NotFound):
+        globex.client.delete_model(model["id"])
+
+    upload = acme.cli("models", "upload", str(folder), "--name", "again")
+    assert upload.returncode == 0, upload.stderr
+    again = int(upload.stdout)  # the id alone on stdout
+    assert "Qwen2ForCausalLM, 103168 parameters" in upload.stderr
+    listing = acme.cli("models", "list")
+    assert listing.returncode == 0, listing.stderr
+    rows = [line.split()[:3] for line in listing.stdout.splitlines()[1:]]
+    assert [str(again), "again", "organization"] in rows and [str(model["id"]), "my-qwen", "organization"] in rows
+
+    (folder / "pytorch_model.bin").write_bytes(b"pickle")
+    with pytest.raises(BadRequest, match="pytorch_model.bin: pickle-based weights are not accepted"):
+        acme.client.upload_model(folder, "bad")
+    refused = acme.cli("models", "upload", str(folder), "--name", "bad")
+    assert refused.returncode == 2
+    assert one_error_line(refused).startswith("plexrl: error: HTTP 400: files: pytorch_model.bin: pickle-based")
+    assert RegisteredModel.objects.count() == 2  # nothing of the refused uploads
+
+    assert acme.cli("models", "delete", str(again)).stdout == f"model {again} deleted\n"
+    assert [m["id"] for m in acme.client.models() if m["scope"] == "organization"] == [model["id"]]
+
+
 # --- artifacts ------------------------------------------------------------------------------------
 
 

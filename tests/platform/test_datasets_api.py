@@ -17,6 +17,7 @@ from jobs import datasets, services
 from jobs.models import Dataset, Job, JobState
 from tests.datafiles import csv_bytes, parquet_bytes
 from tests.platform.builders import JOBS, ROWS, jsonl, make_dataset
+from tests.platform.tenants import give_plan
 
 pytestmark = pytest.mark.django_db
 
@@ -181,8 +182,8 @@ def test_a_duplicate_name_answers_400_but_another_organization_may_use_it(
     assert upload(token_client(other_tenant.member, other_tenant.organization)).status_code == 201
 
 
-def test_an_oversize_file_answers_400_and_creates_nothing(tenant, token_client, home, monkeypatch):
-    monkeypatch.setattr(datasets, "MAX_BYTES", 100)
+def test_an_oversize_file_answers_400_and_creates_nothing(tenant, token_client, home):
+    give_plan(tenant.organization, max_dataset_bytes=100)
     response = upload(token_client(tenant.member, tenant.organization))
     assert response.status_code == 400
     assert response.json()["file"] == [f"the file is {len(jsonl())} bytes; the limit is 100 bytes"]
@@ -191,7 +192,7 @@ def test_an_oversize_file_answers_400_and_creates_nothing(tenant, token_client, 
 
 
 def test_an_oversize_request_is_refused_before_its_body_is_read(tenant, token_client, home, monkeypatch):
-    monkeypatch.setattr(datasets, "MAX_BYTES", 100)
+    give_plan(tenant.organization, max_dataset_bytes=100)
     monkeypatch.setattr("jobs.resource_views.MULTIPART_SLACK", 10)
     client = token_client(tenant.member, tenant.organization)
     monkeypatch.setattr(
@@ -215,8 +216,8 @@ def test_the_service_checks_the_size_before_reading(tenant, home):
     assert stored_files(home) == []
 
 
-def test_a_file_longer_than_it_claims_is_stopped_at_the_limit(tenant, home, monkeypatch):
-    monkeypatch.setattr(datasets, "MAX_BYTES", 100)
+def test_a_file_longer_than_it_claims_is_stopped_at_the_limit(tenant, home):
+    give_plan(tenant.organization, max_dataset_bytes=100)
     lying = SimpleUploadedFile("d.jsonl", jsonl())
     lying.size = 10
     with pytest.raises(ValidationError, match="the limit is 100 bytes"):

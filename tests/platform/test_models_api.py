@@ -86,7 +86,8 @@ def test_staff_without_an_organization_register_by_session(session_client, tmp_p
     )
     body = response.json()
     assert body == {
-        "name": "m", "builtin": False, "path": str(folder.resolve()), "description": "",
+        "id": model.pk, "name": "m", "builtin": False, "scope": "published", "path": str(folder.resolve()),
+        "description": "", "architecture": None, "parameters": None, "size_bytes": None, "dtype": None,
         "created_at": body["created_at"],
     }  # fmt: skip
     assert dt.datetime.fromisoformat(body["created_at"]) == model.created_at

@@ -20,6 +20,7 @@ PAGES = {
     "/cluster/": "js/cluster.js",
     "/billing/": "js/billing.js",
     "/tokens/": "js/tokens.js",
+    "/library/": "js/library.js",
 }
 
 
@@ -226,3 +227,18 @@ def test_static_files_are_served_by_the_app(client, path, content_type):
     assert response["Content-Type"].startswith(content_type)
     body = b"".join(response.streaming_content) if response.streaming else response.content
     assert body
+
+
+@pytest.mark.django_db
+def test_the_library_page_has_upload_forms_for_members_only_and_the_plans_limits(tenant, session_client):
+    from tests.platform.tenants import give_plan
+
+    give_plan(tenant.organization, max_model_bytes=123456, max_dataset_bytes=4321)
+    member = session_client(tenant.member).get("/library/")
+    assert (page_data(member)["max_model_bytes"], page_data(member)["max_dataset_bytes"]) == (123456, 4321)
+    assert page_data(member)["dataset_formats"] == ["jsonl", "csv", "parquet"]
+    html = member.content.decode()
+    assert 'id="model-form"' in html and 'id="dataset-form"' in html
+    viewer = session_client(tenant.viewer).get("/library/").content.decode()
+    assert 'id="model-form"' not in viewer and 'id="dataset-form"' not in viewer
+    assert 'id="model-table"' in viewer and 'id="dataset-table"' in viewer

@@ -7,6 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from accounts.models import AuditLog, Organization, Plan
+from engine.control import MAX_DATASET_BYTES
 from tests.platform.factories import PlanFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -44,12 +45,24 @@ def test_staff_create_change_and_assign_plans_over_rest(tenant, staff, session_c
     assert [p["name"] for p in listed] == ["pro", "starter", "unlimited"]
 
 
+def test_staff_set_the_upload_limits_the_tenant_sees(tenant, staff, session_client, token_client):
+    client = session_client(staff)
+    plan = client.post(PLANS, {"name": "big", "max_model_bytes": 10 * 2**30, "max_dataset_bytes": 2**20},
+                       format="json").json()
+    assert (plan["max_model_bytes"], plan["max_dataset_bytes"]) == (10 * 2**30, 2**20)
+    client.put(f"/api/v1/organizations/{tenant.organization.pk}/plan/", {"plan": "big"}, format="json")
+    quota = token_client(tenant.viewer, tenant.organization).get("/api/v1/quota/").json()
+    assert (quota["max_model_bytes"], quota["max_dataset_bytes"]) == (10 * 2**30, 2**20)
+
+
 @pytest.mark.parametrize(
     ("payload", "fields"),
     [({"name": "x", "weight": 0}, {"weight"}), ({"name": "x", "max_concurrent_jobs": 0}, {"max_concurrent_jobs"}),
      ({"name": "x", "max_priority": "urgent"}, {"max_priority"}), ({"name": "starter"}, {"name"}),
-     ({"name": "bad name"}, {"name"}), ({"name": "x", "quota": 3}, {"quota"})],
-    ids=["weight", "jobs", "priority", "taken", "slug", "unknown"],
+     ({"name": "bad name"}, {"name"}), ({"name": "x", "quota": 3}, {"quota"}),
+     ({"name": "x", "max_model_bytes": 0}, {"max_model_bytes"}),
+     ({"name": "x", "max_dataset_bytes": MAX_DATASET_BYTES + 1}, {"max_dataset_bytes"})],
+    ids=["weight", "jobs", "priority", "taken", "slug", "unknown", "model-bytes", "dataset-bytes-over-the-engines"],
 )
 def test_bad_plans_answer_400_field_by_field_and_create_nothing(staff, session_client, payload, fields):
     before = (Plan.objects.count(), AuditLog.objects.count())
@@ -113,7 +126,8 @@ def test_the_admin_assigns_plans_through_the_services(tenant, staff, client):
     row = AuditLog.objects.get(action="plan.assigned")
     assert (row.actor, row.data["to"]) == (staff, "gold")
     edited = client.post(f"/admin/accounts/plan/{plan.pk}/change/",
-                         {"description": "", "weight": "5", "max_priority": "normal"})
+                         {"description": "", "weight": "5", "max_priority": "normal",  # the form's fields, as shown
+                          "max_model_bytes": plan.max_model_bytes, "max_dataset_bytes": plan.max_dataset_bytes})
     assert edited.status_code == 302, edited.content[:2000]
     assert Plan.objects.get(pk=plan.pk).weight == 5.0
     assert AuditLog.objects.filter(action="plan.changed", organization=tenant.organization, actor=staff).exists()

@@ -41,7 +41,8 @@ from accounts.models import ApiToken, Plan, Role, User, token_digest
 from config.asgi import application
 from config.routing import websocket_urlpatterns
 from jobs.ingest import ingest_events
-from jobs.models import Dataset, Job, JobEvent, JobState
+from jobs.models import Dataset, Job, JobEvent, JobState, RegisteredModel
+from tests.modelfiles import build_tiny_model
 from tests.platform.builders import SPEC, jsonl, make_dataset, streamed_body, usage_event
 from tests.platform.factories import PASSWORD, MembershipFactory, PlanFactory, UserFactory
 from tests.platform.role_table import ACCEPT, ACME_ROLES, KNOWN_WRONG, ROLES, TABLE, parse
@@ -178,6 +179,19 @@ class World:
         (folder / "tokenizer.json").write_text("{}")
         return folder
 
+    @cached_property
+    def model(self) -> RegisteredModel:
+        """One of acme's uploaded models, another member's."""
+        folder = self.tmp_path / "home" / "model-uploads" / str(self.acme.organization.pk) / "m"
+        folder.mkdir(parents=True)
+        return RegisteredModel.objects.create(organization=self.acme.organization, name="acme-model", path=str(folder),
+                                              architecture="Qwen2ForCausalLM", registered_by=self.bystander)
+
+    def model_parts(self) -> list[SimpleUploadedFile]:
+        """The files of a tiny random model, as an upload's parts."""
+        folder = build_tiny_model(self.tmp_path / "upload")
+        return [SimpleUploadedFile(f.name, f.read_bytes()) for f in sorted(folder.iterdir())]
+
     def add_recent_usage(self) -> None:
         """A call of each job (acme's first) that ended a second ago: billed, on the cluster's
         timeline, and what the cluster socket replays on connect."""
@@ -234,6 +248,7 @@ PATH_PARAMETERS: dict[str, Callable[[World], Any]] = {
     "name": lambda world: world.artifact[0],
     "filename": lambda world: world.artifact[1],
     "dataset_id": lambda world: world.dataset.pk,
+    "model_id": lambda world: world.model.pk,
     "plan_id": lambda world: world.acme.organization.plan_id,
 }
 
@@ -256,6 +271,7 @@ BODIES: dict[str, Callable[[World], tuple[dict[str, Any], str]]] = {
     "POST /api/v1/datasets/": lambda world: (
         {"name": "uploaded", "file": SimpleUploadedFile("d.jsonl", jsonl())}, "multipart"),
     "POST /api/v1/models/": lambda world: ({"name": "registered", "path": str(world.model_folder)}, "json"),
+    "POST /api/v1/models/upload/": lambda world: ({"name": "uploaded", "files": world.model_parts()}, "multipart"),
     "POST /api/v1/plans/": lambda world: ({"name": "platinum", "max_concurrent_jobs": 5, "weight": 2.0}, "json"),
     "PATCH /api/v1/plans/{plan_id}/": lambda world: ({"max_concurrent_jobs": 5}, "json"),
     "PUT /api/v1/organizations/{organization_id}/plan/": lambda world: ({"plan": world.plan.name}, "json"),

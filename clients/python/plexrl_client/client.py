@@ -165,6 +165,31 @@ class ServiceClient:
         """Delete a dataset (``Conflict`` while an active job reads it)."""
         self._send(self._url(f"datasets/{int(dataset_id)}/"), method="DELETE", token=self.token, timeout=self.timeout)
 
+    # -- models -------------------------------------------------------------------------------
+
+    def upload_model(self, folder: str | os.PathLike, name: str, *, description: str = "") -> dict[str, Any]:
+        """Upload a Hugging Face model folder (``config.json``, ``*.safetensors`` weights, tokenizer
+        files; no pickle ``.bin``, no code) as one of the organization's models, which its jobs then
+        name in ``spec.model``. The server checks it first; ``BadRequest`` names the file or tensor
+        that is wrong, and nothing is kept::
+
+            client.upload_model("out/my-qwen", "my-qwen")
+        """
+        folder = Path(folder)
+        files = [("files", (p.name, p.read_bytes())) for p in sorted(folder.iterdir()) if p.is_file()]
+        content_type, body = multipart({"name": name, "description": description}, files)
+        raw = self._send(self._url("models/upload/"), method="POST", body=body, content_type=content_type,
+                         token=self.token, timeout=max(self.timeout, 300.0))
+        return json.loads(raw)
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every model a job may name: the built-in presets, the published ones, the organization's own."""
+        return self._json("GET", "models/")
+
+    def delete_model(self, model_id: int) -> None:
+        """Delete one of the organization's models (``Conflict`` while an active job trains it)."""
+        self._send(self._url(f"models/{int(model_id)}/"), method="DELETE", token=self.token, timeout=self.timeout)
+
     # -- jobs ---------------------------------------------------------------------------------
 
     def submit(self, spec: dict[str, Any], *, name: str = "", rollout_devices: int = 1, train_devices: int = 1,

@@ -78,13 +78,15 @@ def _exchange(connection: http.client.HTTPConnection, method: str, path: str, da
         raise
 
 
-def multipart(fields: dict[str, str], files: dict[str, tuple[str, bytes]]) -> tuple[str, bytes]:
+def multipart(fields: dict[str, str],
+              files: dict[str, tuple[str, bytes]] | list[tuple[str, tuple[str, bytes]]]) -> tuple[str, bytes]:
     """A ``multipart/form-data`` body (RFC 7578) of text ``fields`` and ``files`` (name -> (file
-    name, bytes)): its Content-Type and its bytes, for ``send(body=..., content_type=...)``."""
+    name, bytes), or (name, (file name, bytes)) pairs, a name repeated for several files): its
+    Content-Type and its bytes, for ``send(body=..., content_type=...)``."""
     boundary = f"plexrl-{uuid.uuid4().hex}"  # random: no file holds it by chance
     parts = [f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
              for name, value in fields.items()]
-    for name, (filename, data) in files.items():
+    for name, (filename, data) in files.items() if isinstance(files, dict) else files:
         quoted = filename.replace('"', "%22").replace("\r", "%0D").replace("\n", "%0A")  # as browsers send it
         parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{quoted}"\r\n'
                      f"Content-Type: application/octet-stream\r\n\r\n".encode() + data + b"\r\n")

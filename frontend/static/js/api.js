@@ -49,7 +49,8 @@ export function errorMessages(body, status = 400) {
 }
 
 /**
- * Call the API: `api("jobs/", {method: "POST", body: {...}, query: {state: "running"}})`.
+ * Call the API: `api("jobs/", {method: "POST", body: {...}, query: {state: "running"}})`; a
+ * `FormData` body goes as multipart (uploads), any other as JSON.
  * `path` is relative to /api/v1/ (or absolute when it starts with "/"). Resolves to the parsed
  * JSON (null for 204); rejects with ApiError on a non-2xx answer.
  */
@@ -62,8 +63,12 @@ export async function api(path, { method = "GET", body, query } = {}) {
   const init = { method, headers, credentials: "same-origin" };
   if (method !== "GET" && method !== "HEAD") {
     headers["X-CSRFToken"] = csrfToken();
-    headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(body ?? {});
+    if (body instanceof FormData) {
+      init.body = body; // multipart: the browser writes the Content-Type with its boundary
+    } else {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body ?? {});
+    }
   }
   const response = await fetch(url, init);
   if (response.status === 204) return null;

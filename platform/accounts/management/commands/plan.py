@@ -55,6 +55,10 @@ class Command(BaseCommand):
             edit.add_argument("--devices-per-job", dest="max_devices_per_job", type=_limit(int), **given)
             edit.add_argument("--weight", type=float, **given)
             edit.add_argument("--max-priority", choices=Priority.values, **given)
+            edit.add_argument("--model-bytes", dest="max_model_bytes", type=int, **given,
+                              help="the largest model folder its members may upload")
+            edit.add_argument("--dataset-bytes", dest="max_dataset_bytes", type=int, **given,
+                              help="the largest dataset file its members may upload")
             edit.add_argument("--by", help="the staff user making the change (for the audit log)")
         assign = sub.add_parser("assign", help="put an organization on a plan")
         assign.add_argument("organization", help="the organization's slug")
