@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-VOCAB = ["<pad>", "<eos>", "<unk>", *"0123456789+-*=?()[] ", *[f"w{i}" for i in range(40)]]
+VOCAB = ["<pad>", "<eos>", "<unk>", *"0123456789+-*=?()[] ", *[f"w{i}" for i in range(41)]]  # 64: splits in two
 ARCHITECTURES = ("qwen2", "llama", "qwen3")
 
 

@@ -32,7 +32,8 @@ from plexrl_client import TERMINAL_STATES, ServiceClient
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 # POST jobs/ fields a SPEC.json may hold beside the spec's own (JobSpec has none of these names).
-SUBMIT_FIELDS = ("name", "rollout_devices", "train_devices", "deployment_mode")
+SUBMIT_FIELDS = ("name", "rollout_devices", "train_devices", "deployment_mode", "continue_from",
+                 "continue_weights")
 DEPLOYMENT_MODES = ("async_split", "isolated_split", "colocated")
 SPARK_BARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 40  # the last rewards a ``jobs watch`` line shows
@@ -168,6 +169,10 @@ def _submission_args(s: argparse.ArgumentParser) -> None:
                    help="the dedicated deployment the savings compare with (default async_split)")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="set a spec field, dotted for nested ones (repeatable): --set grpo.lr=1e-4")
+    s.add_argument("--continue-from", type=int, metavar="JOB",
+                   help="start from the weights of this job of your organization (its model; no --model)")
+    s.add_argument("--weights", dest="continue_weights", choices=("final", "checkpoint"),
+                   help="with --continue-from: its final weights (default) or its latest checkpoint")
 
 
 def add_jobs(sub: argparse._SubParsersAction) -> None:
@@ -315,6 +320,17 @@ def cmd_jobs_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lineage_line(lineage: dict[str, Any]) -> str:
+    """Where a job's weights came from and which jobs went on from it, in one line."""
+    parts = []
+    if lineage["parent"]:
+        parent = lineage["parent"]
+        parts.append(f"job {parent['id']} ({'final weights' if parent['weights'] == 'final' else 'its checkpoint'})")
+    if lineage["children"]:
+        parts.append("continued by job " + ", ".join(str(c["id"]) for c in lineage["children"]))
+    return "; ".join(parts)
+
+
 def cmd_jobs_show(args: argparse.Namespace) -> int:
     client = _client(args)
     job = client.job(args.job)
@@ -332,6 +348,8 @@ def cmd_jobs_show(args: argparse.Namespace) -> int:
                  f"rollout {spec.get('rollout')}, trainer {spec.get('trainer')}"),
         ("reservation", f"{job['rollout_devices']} rollout + {job['train_devices']} train devices, "
                         f"{job['deployment_mode']}"),
+        *([("lineage", _lineage_line(job["lineage"]))] if job["lineage"]["parent"] or job["lineage"]["children"]
+          else []),
         ("created", f"{_when(job['created_at'])} by {job['created_by'] or '-'}"),
         ("started", _when(job["started_at"])),
         ("finished", _when(job["finished_at"])),

@@ -50,6 +50,16 @@ def driver_memory() -> dict[str, Any]:
             "torch": "torch" in sys.modules}
 
 
+@ray.remote(num_cpus=0, max_calls=1)  # its process loads torch: it exits once done
+def _export_checkpoint(checkpoint: str, model_dir: str, out: str) -> list[str]:
+    from engine.errors import SpecError
+    from engine.service.artifacts import export_hf
+
+    if not Path(checkpoint).is_dir():
+        raise SpecError("init_from", f"{checkpoint} is not a checkpoint folder (it was removed?)")
+    return export_hf(Path(checkpoint), Path(model_dir), Path(out))
+
+
 @ray.remote(num_cpus=0)
 class JobDriver:
     """``resume``: this driver replaces one that died; it goes on from the job's last checkpoint."""
@@ -85,6 +95,22 @@ class JobDriver:
         files = export_hf(Path(summary["final_checkpoint"]), resolve_model(self.spec.model, build_missing=False), out)
         self.events.append("artifact", {"name": "final", "path": str(out), "files": files}, durable=True)
 
+    def _initial_model(self) -> str:
+        """The folder the policy starts from: the spec's model, or with ``init_from`` that
+        checkpoint's weights as a Hugging Face folder beside the event log (``init/``, written once
+        by a task of its own: this process never imports torch; a replacement driver finds it)."""
+        spec = self.spec
+        if spec.init_from is None:
+            return spec.model
+        from engine.models import resolve_model
+
+        out = self.events.path.parent / "init"
+        if not (out / "config.json").is_file():
+            base = resolve_model(spec.model, build_missing=False)
+            ray.get(_export_checkpoint.remote(spec.init_from, str(base), str(out)))
+            self.events.append("log", {"message": f"starting from the weights of checkpoint {spec.init_from}"})
+        return str(out)
+
     def run(self) -> dict[str, Any]:
         from engine.rl import grpo
 
@@ -92,7 +118,7 @@ class JobDriver:
         if not self.restarted:  # a replacement goes on in the state the job is in (running, paused)
             self.events.append("state", {"state": "running"}, durable=True)
         try:
-            summary = grpo.train(self.client, job=self.job_id, model=spec.model, task=spec.task,
+            summary = grpo.train(self.client, job=self.job_id, model=self._initial_model(), task=spec.task,
                                  steps=spec.steps, seed=spec.seed, config=spec.grpo, tools=spec.tools,
                                  dataset=spec.dataset, resume=self.resume)
             self._export(summary)

@@ -4,7 +4,8 @@ A trainer rank exports its weights as ``(name, tensor, ShardSpec)`` triples, whe
 Hugging Face (canonical) tensor name and the spec says which slice of that logical tensor the rank
 holds. A consumer with another layout gathers the slices of one logical tensor at a time, so a
 whole model never has to exist twice in memory. Backend-specific conversions (Megatron fused QKV,
-gated MLP, vocab-parallel embeddings <-> Hugging Face Qwen2) live in this module too.
+gated MLP, vocab-parallel embeddings, Qwen3's q and k norms <-> Hugging Face Qwen2, Llama and Qwen3)
+live in this module too.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def gather_shards(shards: Sequence[tuple[torch.Tensor, ShardSpec]]) -> torch.Ten
     return torch.cat([by_index[i] for i in range(count)], dim=dims.pop())
 
 
-# --- Hugging Face Qwen2 <-> Megatron-core GPTModel (local layer spec) ----------------------------
+# --- Hugging Face Qwen2 / Llama / Qwen3 <-> Megatron-core GPTModel (local layer spec) -------------
 #
 # Megatron keeps one tensor-parallel rank's slice of each fused tensor:
 # - ``linear_qkv`` ([q, k, v] rows of every query group in turn: the ``heads/groups`` query heads of
@@ -78,11 +79,36 @@ def _new(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone(memory_format=torch.contiguous_format)
 
 
+# The Hugging Face architectures Megatron trains, by ``model_type``: their attention differs only in
+# the q, k, v biases (Qwen2) and the per-head RMSNorm of q and k before the rotary embedding (Qwen3).
+MEGATRON_MODEL_TYPES = ("qwen2", "llama", "qwen3")
+
+
+def _qkv_bias(hf_config) -> bool:
+    return hf_config.model_type == "qwen2"
+
+
+def _qk_norm(hf_config) -> bool:
+    return hf_config.model_type == "qwen3"
+
+
+def megatron_layer_spec(hf_config):
+    """The Megatron-core layer spec of the model (local: no Transformer Engine)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    return get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=_qk_norm(hf_config))
+
+
 def check_megatron_layout(hf_config, tp: int) -> None:
     if tp < 1:
         raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
-    if getattr(hf_config, "model_type", None) != "qwen2":
-        raise ValueError(f"Megatron conversion supports Qwen2 models, not {hf_config.model_type!r}")
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in MEGATRON_MODEL_TYPES:
+        raise ValueError(f"Megatron conversion supports {', '.join(MEGATRON_MODEL_TYPES)} models, not {model_type!r}")
+    if model_type != "qwen2" and getattr(hf_config, "attention_bias", False):
+        raise ValueError(f"a {model_type} model with attention biases is not supported")
+    if getattr(hf_config, "mlp_bias", False):
+        raise ValueError("MLP biases are not supported")
     if hf_config.hidden_act != "silu":
         raise ValueError(f"unsupported activation {hf_config.hidden_act!r}")
     rope = getattr(hf_config, "rope_parameters", None) or {}
@@ -111,9 +137,9 @@ def _rope_theta(hf_config) -> float:
 
 
 def megatron_config_from_hf(hf_config, tp: int) -> tuple[object, dict]:
-    """``(TransformerConfig, GPTModel keyword arguments)`` for a Hugging Face Qwen2 config at
-    tensor parallel size ``tp``; build with ``GPTModel(config=..., transformer_layer_spec=
-    get_gpt_layer_local_spec(normalization="RMSNorm"), **kwargs)``.
+    """``(TransformerConfig, GPTModel keyword arguments)`` for a Hugging Face Qwen2, Llama or Qwen3
+    config at tensor parallel size ``tp``; build with ``GPTModel(config=..., transformer_layer_spec=
+    megatron_layer_spec(hf_config), **kwargs)``.
 
     fp32, CPU initialisation, no dropout, no fused kernels; parameters are left uninitialised
     (``perform_initialization=False``) because they are loaded from the Hugging Face weights.
@@ -134,7 +160,8 @@ def megatron_config_from_hf(hf_config, tp: int) -> tuple[object, dict]:
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
-        add_qkv_bias=True,
+        add_qkv_bias=_qkv_bias(hf_config),
+        qk_layernorm=_qk_norm(hf_config),
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=torch.float32,
@@ -225,9 +252,12 @@ def _megatron_params(hf_config, tp_rank: int, tp_size: int) -> list[_Param]:
     for i in range(hf_config.num_hidden_layers):
         hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
         params.append(one(mg + "input_layernorm.weight", hf + "input_layernorm.weight", WHOLE))
-        for kind in ("weight", "bias"):
+        for kind in ("weight", "bias") if _qkv_bias(hf_config) else ("weight",):
             parts = tuple((f"{hf}self_attn.{x}_proj.{kind}", split) for x in "qkv")
             params.append(_Param(f"{mg}self_attention.linear_qkv.{kind}", "qkv", parts))
+        if _qk_norm(hf_config):  # one RMSNorm over each head's channels, the same on every head and rank
+            params.append(one(mg + "self_attention.q_layernorm.weight", hf + "self_attn.q_norm.weight", WHOLE))
+            params.append(one(mg + "self_attention.k_layernorm.weight", hf + "self_attn.k_norm.weight", WHOLE))
         params.append(one(mg + "self_attention.linear_proj.weight", hf + "self_attn.o_proj.weight", row))
         params.append(one(mg + "pre_mlp_layernorm.weight", hf + "post_attention_layernorm.weight", WHOLE))
         parts = ((hf + "mlp.gate_proj.weight", split), (hf + "mlp.up_proj.weight", split))
@@ -250,7 +280,7 @@ def hf_to_megatron(
     copy: bool = True,
 ) -> dict[str, torch.Tensor]:
     """This tensor-parallel rank's Megatron GPTModel parameters (by Megatron name) from Hugging
-    Face Qwen2 tensors by name: the full tensors, or (``sliced``) only this rank's slices of them
+    Face tensors by name: the full tensors, or (``sliced``) only this rank's slices of them
     (the ShardSpecs ``megatron_to_hf`` gives), so a rank that reads just its own shards never
     builds a full tensor. Every parameter of the model is produced, each a new tensor; with
     ``partial``, only those whose Hugging Face tensors are all given (e.g. the optimizer moments

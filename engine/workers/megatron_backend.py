@@ -43,6 +43,7 @@ from engine.state.layout import (
     hf_to_megatron,
     megatron_config_from_hf,
     megatron_hf_names,
+    megatron_layer_spec,
     megatron_param_parts,
     megatron_partition_dim,
     megatron_to_hf,
@@ -194,7 +195,6 @@ class MegatronBackend(TrainingBackend):
         if side:
             raise ValueError(f"a Megatron group trains; it cannot be the {side} side of {deployment}")
         from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
         from transformers import AutoConfig
 
         from engine.workers.tokenizer import load_tokenizer
@@ -206,7 +206,7 @@ class MegatronBackend(TrainingBackend):
             hf_tensors.pop("lm_head.weight", None)
         config, kwargs = megatron_config_from_hf(hf_config, self.world_size)
         model = GPTModel(
-            config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"), **kwargs
+            config=config, transformer_layer_spec=megatron_layer_spec(hf_config), **kwargs
         )
         _mark_tensor_parallel(model)
         _assign(model, hf_to_megatron(hf_tensors, hf_config, self.rank, self.world_size), f"model {model_dir}")

@@ -27,7 +27,8 @@ from accounts.models import Membership, Organization, Priority, Role
 from engine.control import DATASET_FORMATS, MAX_DATASET_BYTES
 from engine.spec import ROLLOUT_BACKENDS, TRAINER_BACKENDS, GRPOConfig, default_rollout, default_trainer
 from jobs import selectors as job_selectors
-from jobs.models import DeploymentMode, JobState
+from jobs.lineage import lineage as lineage_of
+from jobs.models import DeploymentMode, Job, JobState
 
 
 def _current(request: HttpRequest) -> tuple[Organization | None, Membership | None]:
@@ -81,6 +82,17 @@ def job_list(request: HttpRequest) -> HttpResponse:
                  states=[{"value": v, "label": label} for v, label in JobState.choices])
 
 
+def _continuing(request: HttpRequest, organization: Organization | None) -> dict[str, Any] | None:
+    """The job the form continues (``?continue_from=ID&weights=final|checkpoint``), or None; another
+    organization's job is 404."""
+    raw = request.GET.get("continue_from", "")
+    if organization is None or not raw.isdigit():
+        return None
+    parent = job_selectors.job_get(organization=organization, pk=int(raw))
+    weights = "checkpoint" if request.GET.get("weights") == "checkpoint" else "final"
+    return {"id": parent.pk, "name": parent.name, "weights": weights}
+
+
 @login_required
 def job_new(request: HttpRequest) -> HttpResponse:
     """``/jobs/new/``: the submit form (posts the job as JSON to ``/api/v1/jobs/``); the GRPO
@@ -88,7 +100,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
     organization, _ = _current(request)
     plan = organization.plan if organization else None
     return _page(request, "pages/job_new.html", title="Submit a job", module="job_new.js",
-                 grpo_defaults=dataclasses.asdict(GRPOConfig()),
+                 grpo_defaults=dataclasses.asdict(GRPOConfig()), continues=_continuing(request, organization),
                  deployment_modes=DeploymentMode.choices,
                  # the priorities the organization's plan allows
                  priorities=[(v, label) for v, label in Priority.choices if plan and plan.allows_priority(v)],
@@ -107,12 +119,28 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     if organization is None:
         return _page(request, "pages/job_detail.html", title="Job", module="job_detail.js")
     job = job_selectors.job_get(organization=organization, pk=job_id)  # tenant-scoped: 404 otherwise
+    folders = job_selectors.artifact_folders(job=job)
     return _page(request, "pages/job_detail.html", title=job.name or f"Job {job.pk}", module="job_detail.js",
                  job=job.pk, job_name=job.name, job_state=job.state,
                  may_act=job_selectors.may_act_on(membership=membership, job=job),
                  downloads=[{"name": name, "url": reverse("jobs:job-artifact-archive", args=[job.pk, name])}
-                            for name in job_selectors.artifact_folders(job=job)],
+                            for name in folders],
+                 lineage=lineage_of(job=job), continue_links=_continue_links(job, membership, folders),
                  ws_path=f"/ws/jobs/{job.pk}/")
+
+
+def _continue_links(job: Job, membership: Membership | None, folders: dict) -> list[dict[str, str]]:
+    """"Continue from this run": a new job from its final weights, or from its latest checkpoint
+    (for members, who submit jobs)."""
+    if not (membership and membership.has_role(Role.MEMBER)):
+        return []
+    submit = reverse("pages:job-new")
+    links = [{"weights": "final", "label": "Continue from this run (final weights)",
+              "url": f"{submit}?continue_from={job.pk}"}] if "final" in folders else []
+    if job_selectors.events_of(job=job, kind="checkpoint").exists():
+        links.append({"weights": "checkpoint", "label": "Continue from its latest checkpoint",
+                      "url": f"{submit}?continue_from={job.pk}&weights=checkpoint"})
+    return links
 
 
 CLUSTER_WINDOWS = ((120, "last 2 minutes"), (600, "last 10 minutes"), (3600, "last hour"))

@@ -56,6 +56,10 @@ class Job(models.Model):
     waiting_for_slot = models.BooleanField(
         default=False, help_text="Held queued by the plan's concurrent-job limit: not sent to the engine yet; "
                                  "it starts, in submission order, when a slot frees.")
+    parent = models.ForeignKey("self", on_delete=models.SET_NULL, null=True, blank=True, related_name="children",
+                               help_text="The job of the same organization whose weights it started from.")
+    parent_weights = models.CharField(max_length=16, blank=True, help_text="Which of the parent's weights: "
+                                                                           "final, or its latest checkpoint.")
     event_cursor = models.BigIntegerField(default=0, help_text="Last event seq ingested from the engine.")
     events_complete = models.BooleanField(default=False, help_text="The engine is done with it and every event "
                                                                    "of its log is ingested.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.shortcuts import get_object_or_404
 
 from accounts.models import Membership, Organization, Role
@@ -28,8 +28,11 @@ def jobs_of(*, organization: Organization, state: str | None = None, search: str
 
 def job_get(*, organization: Organization, pk: int) -> Job:
     """One of the organization's jobs (annotated like ``jobs_of``), with its ledger totals (its
-    savings, ``billing.selectors.job_savings``); 404 for any other."""
-    return get_object_or_404(jobs_of(organization=organization).select_related("usage_totals"), pk=pk)
+    savings, ``billing.selectors.job_savings``), the job it continued and whether any job continued
+    it (``has_children``: its lineage reads them only then); 404 for any other."""
+    jobs = jobs_of(organization=organization).select_related("usage_totals", "parent")
+    jobs = jobs.annotate(has_children=Exists(Job.objects.filter(parent=OuterRef("pk"))))
+    return get_object_or_404(jobs, pk=pk)
 
 
 def job_row(*, organization: Organization, pk: int) -> Job:

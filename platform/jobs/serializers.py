@@ -12,6 +12,7 @@ from accounts.api import ModelSerializer, StrictFieldsMixin
 from accounts.models import Priority
 from billing.selectors import job_savings
 from billing.serializers import SavingsFiguresSerializer
+from jobs.lineage import lineage as lineage_of
 from jobs.models import DeploymentMode, Job, JobEvent, JobMetric, JobState
 from jobs.services import MAX_DEVICES_DECLARED
 
@@ -41,6 +42,12 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     priority = serializers.ChoiceField(
         choices=Priority.choices, default=Priority.NORMAL,
         help_text="Its priority within the organization's share of the devices, up to the plan's max_priority.")
+    continue_from = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=1,
+        help_text="A job of the organization whose weights it starts from (its spec then names no model).")
+    continue_weights = serializers.ChoiceField(
+        choices=(("final", "final"), ("checkpoint", "checkpoint")), default="final",
+        help_text="The parent's final weights (it succeeded) or its latest checkpoint.")
 
 
 class JobCancelSerializer(StrictFieldsMixin, serializers.Serializer):
@@ -125,6 +132,19 @@ class JobSerializer(ModelSerializer):
     COLUMNS = (*(f for f in Meta.fields if f not in ("created_by", "last_step")), "created_by__username")
 
 
+class LineageJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField(allow_blank=True)
+    weights = serializers.CharField(help_text="final, or checkpoint (its latest).")
+
+
+class LineageSerializer(serializers.Serializer):
+    """The job it continued (null: it started from its model) and the jobs that continued it."""
+
+    parent = LineageJobSerializer(allow_null=True)
+    children = LineageJobSerializer(many=True)
+
+
 class JobDetailSerializer(JobSerializer):
     """One job: its spec, reservation, state and savings so far."""
 
@@ -140,10 +160,16 @@ class JobDetailSerializer(JobSerializer):
             "updated_at",
             "savings",
             "estimate",
+            "lineage",
         )
         read_only_fields = fields
 
     estimate = EstimateSerializer(read_only=True, allow_null=True, help_text="Made on submit; null for older jobs.")
+    lineage = serializers.SerializerMethodField()
+
+    @extend_schema_field(LineageSerializer)
+    def get_lineage(self, obj: Job) -> dict:
+        return LineageSerializer(lineage_of(job=obj)).data
 
     @extend_schema_field(SavingsSerializer)
     def get_savings(self, obj: Job) -> dict:

@@ -17,7 +17,7 @@ from accounts.services import audit_record
 from billing.selectors import device_hours_in_month, estimate_figures
 from engine.errors import SpecError
 from engine.spec import JobSpec
-from jobs import broadcast, signals, slots
+from jobs import broadcast, lineage, signals, slots
 from jobs.catalog import resolve_model
 from jobs.datasets import resolve_dataset
 from jobs.ingest import job_locked, job_set_state
@@ -67,11 +67,16 @@ def _check_quota(*, organization: Organization, plan: Plan, devices: int, priori
 
 
 def _validated(*, organization: Organization, spec: dict, rollout_devices: int, train_devices: int,
-               deployment_mode: str) -> JobSpec:
+               deployment_mode: str, continue_from: int | None = None,
+               continue_weights: str = "final") -> tuple[JobSpec, Job | None]:
     """A job's input as the engine will see it: its JobSpec, datasets and registered models resolved to
-    paths; every error a field error (``ValidationError``)."""
+    paths, the weights of the job it continues (and that job); every error a field error
+    (``ValidationError``)."""
+    lineage.refuse_paths(spec)
     # a dataset id and a registered model's name become paths (the stored spec keeps the paths)
     spec = resolve_model(organization=organization, spec=resolve_dataset(organization=organization, spec=spec))
+    spec, parent = lineage.continued_spec(organization=organization, spec=spec, continue_from=continue_from,
+                                          weights=continue_weights)
     parsed = parse_spec(spec)
     errors = {}
     for field, value in (("rollout_devices", rollout_devices), ("train_devices", train_devices)):
@@ -81,27 +86,33 @@ def _validated(*, organization: Organization, spec: dict, rollout_devices: int, 
         errors["deployment_mode"] = f"must be one of {', '.join(DeploymentMode.values)}"
     if errors:
         raise ValidationError(errors)
-    return parsed
+    return parsed, parent
 
 
 def job_estimate(*, organization: Organization, spec: dict, rollout_devices: int = 1, train_devices: int = 1,
-                 deployment_mode: str = DeploymentMode.ASYNC_SPLIT) -> dict[str, Any]:
+                 deployment_mode: str = DeploymentMode.ASYNC_SPLIT, continue_from: int | None = None,
+                 continue_weights: str = "final") -> dict[str, Any]:
     """What a job would cost, before it runs (``billing.selectors.estimate_figures``): validated
     exactly as ``job_create`` validates it; writes nothing and never calls the engine service."""
-    parsed = _validated(organization=organization, spec=spec, rollout_devices=rollout_devices,
-                           train_devices=train_devices, deployment_mode=deployment_mode)
+    parsed, _ = _validated(organization=organization, spec=spec, rollout_devices=rollout_devices,
+                           train_devices=train_devices, deployment_mode=deployment_mode,
+                           continue_from=continue_from, continue_weights=continue_weights)
     return estimate_figures(spec=parsed, reserved_devices=rollout_devices + train_devices,
                             deployment_mode=deployment_mode)
 
 
 def job_create(*, organization: Organization, user: User | None, spec: dict, name: str = "",
                rollout_devices: int = 1, train_devices: int = 1,
-               deployment_mode: str = DeploymentMode.ASYNC_SPLIT, priority: str = Priority.NORMAL) -> Job:
+               deployment_mode: str = DeploymentMode.ASYNC_SPLIT, priority: str = Priority.NORMAL,
+               continue_from: int | None = None, continue_weights: str = "final") -> Job:
     """Store a job and send it to the engine after commit, or, past the plan's concurrent-job
     limit, store it queued with the reason (``jobs.slots``). Refuses (``QuotaExceeded``) what the
-    plan does not allow: more devices, a higher priority, a spent device-hour budget."""
-    parsed = _validated(organization=organization, spec=spec, rollout_devices=rollout_devices,
-                           train_devices=train_devices, deployment_mode=deployment_mode)
+    plan does not allow: more devices, a higher priority, a spent device-hour budget.
+    ``continue_from``: a job of the organization whose weights (``continue_weights``: final, or
+    its latest checkpoint) it starts from (``jobs.lineage``)."""
+    parsed, parent = _validated(organization=organization, spec=spec, rollout_devices=rollout_devices,
+                                train_devices=train_devices, deployment_mode=deployment_mode,
+                                continue_from=continue_from, continue_weights=continue_weights)
     if priority not in Priority.values:
         raise ValidationError({"priority": f"must be one of {', '.join(Priority.values)}"})
     estimate = estimate_figures(spec=parsed, reserved_devices=rollout_devices + train_devices,
@@ -119,10 +130,12 @@ def job_create(*, organization: Organization, user: User | None, spec: dict, nam
                                  spec=parsed.to_dict(), rollout_devices=rollout_devices,
                                  train_devices=train_devices, deployment_mode=deployment_mode,
                                  estimate=estimate, priority=priority, waiting_for_slot=waits,
-                                 state_reason=slots.waiting_reason(plan) if waits else "")
+                                 state_reason=slots.waiting_reason(plan) if waits else "", parent=parent,
+                                 parent_weights=continue_weights if parent else "")
         audit_record(organization=organization, actor=user, action="job.created", target=job.engine_id,
                      data={"name": job.name, "task": parsed.task, "steps": parsed.steps, "priority": priority,
-                           "waiting_for_slot": waits})
+                           "waiting_for_slot": waits,
+                           **({"continues": parent.engine_id, "weights": continue_weights} if parent else {})})
         if not waits:
             transaction.on_commit(lambda: tasks.launch_job.delay(job.pk))
     return job

@@ -6,15 +6,10 @@ the engine the worker starts (real Ray actors, the tiny model), PostgreSQL and R
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import redis
-from django.conf import settings
 
 from tests.platform import live
 
@@ -23,37 +18,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
-@dataclass
-class LivePlatform:
-    url: str
-    processes: list[live.Process]
-
-    def wait_until(self, predicate, timeout: float, what: str) -> None:
-        live.wait_until(predicate, timeout, what, self.processes)
-
-
 @pytest.fixture
-def live_platform(engine_home, transactional_db, tmp_path) -> Iterator[LivePlatform]:
-    """The platform as production runs it, in separate processes: a Ray cluster with the engine
-    service on it (``plexrl engine start``), a Celery worker with its beat and daphne joining it
-    through RAY_ADDRESS, on the test database and Redis. After the test, none of them (nor any
-    Ray process) is left running."""
-    broker = redis.Redis.from_url(settings.REDIS_URL)
-    broker.flushdb()
-    env = live.platform_env(engine_home)
-    with live.ray_cluster(env, tmp_path) as address:
-        env["RAY_ADDRESS"] = address
-        started = subprocess.run([sys.executable, "-m", "plexrl", "engine", "start"], env=env, capture_output=True,
-                                 text=True, timeout=180)
-        assert started.returncode == 0, started.stderr[-3000:]
-        worker = live.celery_worker(env, tmp_path, beat=True)
-        server, url = live.asgi_server(env, tmp_path)
-        yield LivePlatform(url=url, processes=[server, worker])
-        server.stop()
-        worker.stop()
-    broker.flushdb()
-    left = live.leftovers(env)
-    assert not left, f"processes left running: {left}"
+def live_platform(engine_home, transactional_db, tmp_path) -> Iterator[live.LivePlatform]:
+    """The platform as production runs it (``live.running_platform``)."""
+    with live.running_platform(engine_home, tmp_path) as platform:
+        yield platform
 
 
 @pytest.fixture(scope="module")

@@ -280,3 +280,29 @@ def test_a_tp2_checkpoint_exports_to_a_hugging_face_folder(groups, batch, model_
     loaded = hf_model(tmp_path / "final")  # transformers reads it (the tied head from the embedding)
     assert torch.equal(loaded.model.embed_tokens.weight, trained["model.embed_tokens.weight"])
     drop(groups[2], deployment)
+
+
+@pytest.mark.parametrize(("arch", "tied"), [("llama", False), ("qwen3", True)])
+def test_llama_and_qwen3_forward_as_transformers_and_export_their_weights_at_tp1_and_tp2(groups, batch, arch, tied,
+                                                                                          tmp_path):
+    """Megatron builds Llama (no q, k, v biases) and Qwen3 (a per-head RMSNorm of q and k before the
+    rotary embedding) from their Hugging Face folders: the same log-probs as transformers, and the
+    same tensors back."""
+    from tests.modelfiles import build_tiny_model
+
+    path = build_tiny_model(tmp_path / arch, arch, tied=tied, seed=3)
+    with torch.no_grad():
+        expected, mask = sequence_logprobs(hf_model(path), PROMPTS, COMPLETIONS, PAD)
+    stored = load_file(path / "model.safetensors")
+    if tied:
+        stored.pop("lm_head.weight", None)
+    for tp, group in groups.items():
+        deployment = (f"arch-{arch}-tp{tp}", "policy")
+        create(group, deployment, path)
+        for result in call_all(group, deployment, "forward", batch=batch):
+            assert torch.equal(torch.as_tensor(result.mask), mask)
+            assert (torch.as_tensor(result.logprobs) - expected).abs().max() <= 1e-4
+        exported = weights(group, deployment)
+        assert exported.keys() == stored.keys()
+        assert all(torch.equal(exported[n], t) for n, t in stored.items())
+        drop(group, deployment)

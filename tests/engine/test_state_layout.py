@@ -1,4 +1,5 @@
-"""Hugging Face Qwen2 <-> Megatron GPTModel conversion and shard gathering (pure tensors, no Ray)."""
+"""Hugging Face Qwen2, Llama and Qwen3 <-> Megatron GPTModel conversion and shard gathering (pure tensors,
+no Ray)."""
 
 from __future__ import annotations
 
@@ -59,6 +60,42 @@ def test_hf_megatron_round_trip_is_exact(heads, kv_heads, tied, tp):
         local = hf_to_megatron(hf, config, rank, tp)
         for name, tensor, spec in megatron_to_hf(local, config, rank, tp):
             assert spec == WHOLE or spec == ShardSpec(spec.dim, rank, tp)
+            shards.setdefault(name, []).append((tensor, spec))
+    assert set(shards) == set(hf)
+    for name, tensor in hf.items():
+        assert torch.equal(gather_shards(shards[name]), tensor), name
+
+
+def other_config(arch: str, tied: bool):
+    from transformers import LlamaConfig, Qwen3Config
+
+    kind = {"llama": LlamaConfig, "qwen3": Qwen3Config}[arch]
+    return kind(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, tie_word_embeddings=tied, max_position_embeddings=64)
+
+
+def random_tensors_of(config, seed: int = 0) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    names = {k: v.shape for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    if config.tie_word_embeddings:
+        names.pop("lm_head.weight")
+    return {k: torch.randn(shape) for k, shape in names.items()}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize(("arch", "tied"), [("llama", False), ("llama", True), ("qwen3", True), ("qwen3", False)])
+def test_llama_and_qwen3_round_trip_exactly_without_qkv_biases_and_with_qwen3s_qk_norms(arch, tied, tp):
+    config = other_config(arch, tied)
+    hf = random_tensors_of(config)
+    assert not any(name.endswith("_proj.bias") for name in hf)
+    assert any(name.endswith("q_norm.weight") for name in hf) == (arch == "qwen3")
+    shards: dict[str, list[tuple[torch.Tensor, ShardSpec]]] = {}
+    for rank in range(tp):
+        local = hf_to_megatron(hf, config, rank, tp)
+        assert any(n.endswith("q_layernorm.weight") for n in local) == (arch == "qwen3")
+        for name, tensor, spec in megatron_to_hf(local, config, rank, tp):
             shards.setdefault(name, []).append((tensor, spec))
     assert set(shards) == set(hf)
     for name, tensor in hf.items():

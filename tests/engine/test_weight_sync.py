@@ -97,3 +97,38 @@ def test_megatron_tp2_policy_syncs_into_the_rollout_group(groups, rollout, tiny_
     assert after != before  # the steps changed the answers, so equality above is not the base's
     assert synced["bytes"] == sum(t.numel() * t.element_size() for t in trained.values())
     assert synced["seconds"] > 0
+
+
+@pytest.mark.parametrize(("arch", "tied"), [("llama", False), ("qwen3", True)])
+def test_llama_and_qwen3_policies_sync_from_megatron_tp2_into_vllm(groups, plexrl_home, tmp_path, arch, tied):
+    """Beyond Qwen2: a vLLM engine of the architecture's own (an engine serves one model
+    configuration) samples what transformers samples, before and after a Megatron TP=2 policy
+    trained a few steps and synced."""
+    from transformers import AutoTokenizer
+
+    from engine.workers.group import WorkerGroup
+    from tests.modelfiles import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / arch, arch, tied=tied, seed=4)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    vllm = WorkerGroup.start(f"sync-vllm-{arch}", "vllm", threads=1, data_dir=plexrl_home, devices_per_rank=0.25)
+    try:
+        job = f"sync-{arch}"
+        router = Router([groups["megatron"], vllm])
+        router.create(job, "policy", model_dir, trainable=True, optimizer=OptimizerConfig(lr=3e-2))
+        prompts = [tok.encode(p) for p in PROBLEMS]
+        greedy = SamplingParams(n=1, temperature=0.0, max_tokens=MAX_TOKENS)
+
+        def generate() -> list[list[int]]:
+            answer = router.call(job, "policy", "generate", {"prompts": prompts, "sampling": greedy}).result()
+            return [c.token_ids for c in answer]
+
+        before = generate()
+        assert before == _transformers_greedy(model_dir, _trainer_weights(groups["megatron"], (job, "policy")), tok)
+        _train(router, job, tok)
+        router.call(job, "policy", "sync_weights", {}).result()
+        after = generate()
+        assert after == _transformers_greedy(model_dir, _trainer_weights(groups["megatron"], (job, "policy")), tok)
+        assert after != before
+    finally:
+        vllm.shutdown()

@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,39 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, procs: 
         time.sleep(every)
     logs = "\n".join(f"--- {p.log.name}:\n{p.tail()}" for p in procs)
     pytest.fail(f"{what} within {timeout} s\n{logs}")
+
+
+@dataclass
+class LivePlatform:
+    url: str
+    processes: list[Process]
+
+    def wait_until(self, predicate, timeout: float, what: str) -> None:
+        wait_until(predicate, timeout, what, self.processes)
+
+
+@contextlib.contextmanager
+def running_platform(engine_home: Path, log_dir: Path, *, devices: int = 2) -> Iterator[LivePlatform]:
+    """The platform as production runs it, in separate processes: a Ray cluster of ``devices``
+    device slots with the engine service on it (``plexrl engine start``), a Celery worker with its
+    beat and daphne joining it through RAY_ADDRESS, on the test database and Redis. Afterwards, none
+    of them (nor any Ray process) is left running."""
+    import redis
+    from django.conf import settings
+
+    broker = redis.Redis.from_url(settings.REDIS_URL)
+    broker.flushdb()
+    env = platform_env(engine_home)
+    with ray_cluster(env, log_dir, devices=devices) as address:
+        env["RAY_ADDRESS"] = address
+        started = subprocess.run([sys.executable, "-m", "plexrl", "engine", "start"], env=env, capture_output=True,
+                                 text=True, timeout=180)
+        assert started.returncode == 0, started.stderr[-3000:]
+        worker = celery_worker(env, log_dir, beat=True)
+        server, url = asgi_server(env, log_dir)
+        yield LivePlatform(url=url, processes=[server, worker])
+        server.stop()
+        worker.stop()
+    broker.flushdb()
+    left = leftovers(env)
+    assert not left, f"processes left running: {left}"

@@ -45,6 +45,16 @@ def test_a_job_takes_two_queries(jobs, viewer, django_assert_num_queries):
     assert response.status_code == 200
 
 
+def test_a_continued_job_takes_two_queries_and_its_parent_three(jobs, viewer, django_assert_num_queries):
+    from jobs.models import Job
+
+    Job.objects.filter(pk=jobs[1].pk).update(parent=jobs[0], parent_weights="final")
+    with django_assert_num_queries(2):  # its parent is joined
+        assert viewer.get(f"/api/v1/jobs/{jobs[1].pk}/").json()["lineage"]["parent"]["id"] == jobs[0].pk
+    with django_assert_num_queries(3):  # and the jobs that continued it, read once it has some
+        assert viewer.get(f"/api/v1/jobs/{jobs[0].pk}/").json()["lineage"]["children"][0]["id"] == jobs[1].pk
+
+
 def test_the_savings_report_takes_two_queries_however_long_the_ledger(jobs, viewer, django_assert_num_queries):
     """It reads each job's ledger totals, never the usage rows (thousands a job)."""
     ingest.ingest_events(job=jobs[0], events=[

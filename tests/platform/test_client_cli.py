@@ -172,6 +172,32 @@ def test_submit_creates_a_job_and_an_invalid_one_nothing(acme):
     assert Job.objects.count() == 1
 
 
+def test_a_job_continues_another_through_the_client_and_the_cli(acme, globex, tmp_path):
+    from jobs import services
+    from jobs.models import Job
+
+    parent = services.job_create(organization=acme.organization, user=acme.owner, spec=SPEC, name="parent")
+    ingest(parent.pk, {"seq": 1, "kind": "checkpoint", "ts": 1.0,
+                       "data": {"step": 2, "tag": "step-2", "path": "/ck/step-2", "state": {}}},
+           {"seq": 2, "kind": "artifact", "ts": 2.0,
+            "data": {"name": "final", "path": str(tmp_path / "final"), "files": ["config.json"]}})
+    spec = {k: v for k, v in SPEC.items() if k != "model"}
+    child = acme.client.submit(spec, name="child", continue_from=parent.pk)
+    assert child["lineage"]["parent"] == {"id": parent.pk, "name": "parent", "weights": "final"}
+    assert Job.objects.get(pk=child["id"]).spec["model"] == str(tmp_path / "final")
+
+    made = acme.cli("jobs", "submit", "--task", "arith", "--steps", "2", "--continue-from", str(parent.pk),
+                    "--weights", "checkpoint", "--set", "rollout=torch", "--set", "trainer=torch")
+    assert made.returncode == 0, made.stderr
+    assert Job.objects.get(pk=int(made.stdout)).spec["init_from"] == "/ck/step-2"
+    shown = acme.cli("jobs", "show", str(parent.pk))
+    assert f"continued by job {child['id']}, {int(made.stdout)}" in shown.stdout
+
+    refused = globex.cli("jobs", "submit", "--task", "arith", "--continue-from", str(parent.pk))
+    assert refused.returncode == 2
+    assert one_error_line(refused) == f"plexrl: error: HTTP 400: continue_from: no job {parent.pk} in your organization"
+
+
 def test_client_lists_shows_and_acts_on_jobs(acme, globex, monkeypatch):
     monkeypatch.setattr(client_module, "PAGE_SIZE", 2)  # three jobs: two pages
     ids = [acme.client.submit(SPEC, name=f"job {i}")["id"] for i in range(3)]
@@ -450,7 +476,7 @@ def test_models_upload_list_and_delete_through_the_client_and_the_cli(acme, glob
     upload = acme.cli("models", "upload", str(folder), "--name", "again")
     assert upload.returncode == 0, upload.stderr
     again = int(upload.stdout)  # the id alone on stdout
-    assert "Qwen2ForCausalLM, 103168 parameters" in upload.stderr
+    assert "Qwen2ForCausalLM, 103232 parameters" in upload.stderr
     listing = acme.cli("models", "list")
     assert listing.returncode == 0, listing.stderr
     rows = [line.split()[:3] for line in listing.stdout.splitlines()[1:]]

@@ -58,7 +58,7 @@ def test_create_a_job(tenant, token_client):
     assert set(body) == {
         "id", "name", "state", "state_reason", "rollout_devices", "train_devices", "reserved_devices",
         "deployment_mode", "priority", "waiting_for_slot", "created_by", "created_at", "started_at",
-        "finished_at", "last_step", "spec", "paused_by_quota", "updated_at", "savings", "estimate",
+        "finished_at", "last_step", "spec", "paused_by_quota", "updated_at", "savings", "estimate", "lineage",
     }  # fmt: skip
     assert (body["state"], body["created_by"], body["reserved_devices"], body["last_step"]) == (
         "queued",

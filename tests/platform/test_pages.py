@@ -244,3 +244,33 @@ def test_the_library_page_has_upload_forms_for_members_only_and_the_plans_limits
         assert form not in viewer
     for table in ('id="model-table"', 'id="dataset-table"'):
         assert table in viewer
+
+
+@pytest.mark.django_db
+def test_a_job_page_shows_its_lineage_and_continue_links_and_the_form_continues(tenant, other_tenant, session_client,
+                                                                                 tmp_path):
+    from tests.platform.builders import ingest
+
+    parent = make_job(tenant, name="parent")
+    ingest(parent, {"seq": 1, "kind": "checkpoint", "ts": 1.0,
+                    "data": {"step": 2, "tag": "step-2", "path": "/ck", "state": {}}},
+           {"seq": 2, "kind": "artifact", "ts": 2.0,
+            "data": {"name": "final", "path": str(tmp_path), "files": ["config.json"]}})
+    child = services.job_create(organization=tenant.organization, user=tenant.member, spec={"task": "arith"},
+                                name="child", continue_from=parent.pk, continue_weights="checkpoint")
+    page = session_client(tenant.member).get(f"/jobs/{parent.pk}/")
+    assert [link["url"] for link in page_data(page)["continue_links"]] == [
+        f"/jobs/new/?continue_from={parent.pk}", f"/jobs/new/?continue_from={parent.pk}&weights=checkpoint"]
+    assert f'href="/jobs/{child.pk}/">#{child.pk} child</a>' in page.content.decode()
+    shown = session_client(tenant.member).get(f"/jobs/{child.pk}/").content.decode()
+    assert f'Continues job <a href="/jobs/{parent.pk}/">#{parent.pk} parent</a>' in shown
+    assert "from its latest checkpoint" in shown
+    assert page_data(session_client(tenant.viewer).get(f"/jobs/{parent.pk}/"))["continue_links"] == []
+
+    form = session_client(tenant.member).get(f"/jobs/new/?continue_from={parent.pk}&weights=checkpoint")
+    assert page_data(form)["continues"] == {"id": parent.pk, "name": "parent", "weights": "checkpoint"}
+    html = form.content.decode()
+    assert f'name="continue_from" data-type="int" value="{parent.pk}"' in html
+    assert re.search(r'<select id="f-model"[^>]* disabled>', html)
+    theirs = session_client(other_tenant.member).get(f"/jobs/new/?continue_from={parent.pk}")
+    assert theirs.status_code == 404

@@ -193,7 +193,8 @@ class ServiceClient:
     # -- jobs ---------------------------------------------------------------------------------
 
     def submit(self, spec: dict[str, Any], *, name: str = "", rollout_devices: int = 1, train_devices: int = 1,
-               deployment_mode: str = "async_split") -> dict[str, Any]:
+               deployment_mode: str = "async_split", continue_from: int | None = None,
+               continue_weights: str = "final") -> dict[str, Any]:
         """Create a job (``POST jobs/``); returns it as ``job()`` does (``id``, ``state``, ...).
 
         ``spec``: the engine's JobSpec as a dict (``task``, ``model``, ``steps``, ``seed``,
@@ -203,10 +204,16 @@ class ServiceClient:
         raises ``BadRequest`` (400) naming the field (``spec.steps``)::
 
             job = client.submit({"task": "arith", "steps": 50, "grpo": {"lr": 1e-4}}, name="lr-1e-4")
+
+        ``continue_from``: a job of the organization whose weights it starts from (its final
+        weights, or with ``continue_weights="checkpoint"`` its latest checkpoint); the spec then
+        names no model (the parent's is trained)::
+
+            more = client.submit({"task": "arith", "steps": 50}, continue_from=job["id"])
         """
         return self._json("POST", "jobs/", body={
             "spec": spec, "name": name, "rollout_devices": rollout_devices, "train_devices": train_devices,
-            "deployment_mode": deployment_mode})
+            "deployment_mode": deployment_mode, "continue_from": continue_from, "continue_weights": continue_weights})
 
     # -- sessions: your own loop, calling the function API (plexrl_client.session) ---------------
 
@@ -229,7 +236,8 @@ class ServiceClient:
         return Session(self, self.job(job_id), next_seq=next_seq)
 
     def estimate(self, spec: dict[str, Any], *, rollout_devices: int = 1, train_devices: int = 1,
-                 deployment_mode: str = "async_split") -> dict[str, Any]:
+                 deployment_mode: str = "async_split", continue_from: int | None = None,
+                 continue_weights: str = "final") -> dict[str, Any]:
         """What a job would cost before it runs (``POST jobs/estimate/``; the arguments of ``submit``,
         nothing is created): ``dedicated_device_hours`` (its declared dedicated deployment),
         ``multiplexed_device_hours`` (what it would be billed), ``savings``, ``step_seconds`` and
@@ -237,7 +245,7 @@ class ServiceClient:
         An invalid spec raises ``BadRequest`` (400) naming the field, as ``submit`` does."""
         return self._json("POST", "jobs/estimate/", body={
             "spec": spec, "rollout_devices": rollout_devices, "train_devices": train_devices,
-            "deployment_mode": deployment_mode})
+            "deployment_mode": deployment_mode, "continue_from": continue_from, "continue_weights": continue_weights})
 
     def jobs(self, state: str | None = None, *, search: str | None = None) -> list[dict[str, Any]]:
         """The organization's jobs, newest first; ``state``: only those in it (``running``, ...);
