@@ -140,6 +140,9 @@ class JobSpec:
     tp: int = 1  # tensor-parallel ranks of the training WPG
     tools: ToolConfig = field(default_factory=ToolConfig)  # the calculator of a tool-using task
     dataset: str | None = None  # task "dataset": the path of a JSONL file of problems (engine.tasks.datasets)
+    # task "dataset": a file of problems to evaluate on (all of ``dataset`` then trains); None: a
+    # held-out split of ``dataset``
+    eval_dataset: str | None = None
     # another job's checkpoint folder (its ``checkpoint`` event's path): the policy starts from its
     # weights instead of the model's (whose config and tokenizer it keeps), with a fresh optimizer
     init_from: str | None = None
@@ -164,6 +167,9 @@ class JobSpec:
                 raise SpecError("dataset", "task 'dataset' needs the path of a JSONL file of problems")
         elif self.dataset is not None:
             raise SpecError("dataset", f"only task 'dataset' reads a dataset, not {self.task!r}")
+        if self.eval_dataset is not None and (self.task != "dataset" or not isinstance(self.eval_dataset, str)
+                                              or not self.eval_dataset):
+            raise SpecError("eval_dataset", "task 'dataset' may name the path of a file of problems to evaluate on")
         if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
             raise SpecError("init_from", "must be the path of a checkpoint folder")
         self._check_tools(task)

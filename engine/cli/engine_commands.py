@@ -52,6 +52,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the trainer (megatron)")
     p.add_argument("--dataset", type=Path, help="task dataset: a JSONL file of {\"prompt\", \"answer\"} lines, or a "
                                                 "CSV or Parquet file (by its suffix) with columns prompt and answer")
+    p.add_argument("--eval-dataset", type=Path, help="task dataset: a file of problems to evaluate on (the whole "
+                                                     "--dataset then trains); default: a held-out split of it")
     p.add_argument("--shuffle-rewards", action="store_true",
                    help="negative control: permute rewards within each step")
     p.add_argument("--prompts-per-step", type=int)
@@ -110,18 +112,21 @@ def train_spec(args: argparse.Namespace):
     if args.shuffle_rewards:
         overrides["shuffle_rewards"] = True
     backends = {k: getattr(args, k) for k in ("rollout", "trainer") if getattr(args, k) is not None}
-    dataset = None
-    if args.dataset is not None:
+    files = {}
+    for flag in ("dataset", "eval_dataset"):
+        path = getattr(args, flag)
+        if path is None:
+            continue
         from engine.tasks.datasets import load_problems
 
         try:
-            load_problems(args.dataset)
+            load_problems(path)
         except DatasetError as exc:
-            raise CliError(f"--dataset {args.dataset}: {exc}") from None
-        dataset = str(args.dataset.resolve())
+            raise CliError(f"--{flag.replace('_', '-')} {path}: {exc}") from None
+        files[flag] = str(path.resolve())
     return JobSpec(task=args.task, model=args.model, steps=args.steps, seed=args.seed, tp=args.tp, **backends,
                    grpo=GRPOConfig(**{**dataclasses.asdict(GRPOConfig()), **overrides}), tools=_tool_config(args),
-                   dataset=dataset)
+                   **files)
 
 
 def _prepare_run(spec, out: Path):

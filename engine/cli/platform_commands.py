@@ -454,6 +454,8 @@ def add_datasets(sub: argparse._SubParsersAction) -> None:
     u.add_argument("--format", choices=("jsonl", "csv", "parquet"), help="the file's format (default: its suffix)")
     u.add_argument("--prompt-column", default="prompt", help="the field or column holding the prompt")
     u.add_argument("--answer-column", default="answer", help="the field or column holding the answer")
+    u.add_argument("--eval-file", type=Path, metavar="FILE",
+                   help="problems to evaluate on, same format and columns (default: a held-out split of FILE)")
     u.set_defaults(func=cmd_datasets_upload)
     ls = dsub.add_parser("list", parents=[common], help="the organization's datasets, newest first")
     ls.add_argument("--json", action="store_true", help="print the datasets as JSON")
@@ -464,10 +466,12 @@ def add_datasets(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_datasets_upload(args: argparse.Namespace) -> int:
-    if not args.file.is_file():
-        raise CliError(f"FILE: {args.file} is not a file")
+    for label, path in (("FILE", args.file), ("--eval-file", args.eval_file)):
+        if path is not None and not path.is_file():
+            raise CliError(f"{label}: {path} is not a file")
     dataset = _client(args).upload_dataset(args.file, args.name, file_format=args.format,
-                                           prompt_column=args.prompt_column, answer_column=args.answer_column)
+                                           prompt_column=args.prompt_column, answer_column=args.answer_column,
+                                           eval_path=args.eval_file)
     print(dataset["id"])
     print(f"dataset {dataset['id']} {dataset['name']!r}: {dataset['problems']} problems", file=sys.stderr)
     return 0

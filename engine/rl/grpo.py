@@ -77,6 +77,7 @@ def _step_seed(seed: int, step: int) -> int:
 def train(
     client: Client, *, job: str, model: str, task: str, steps: int, seed: int, config: GRPOConfig,
     tools: ToolConfig | None = None, on_step=None, dataset: str | None = None, resume: dict[str, Any] | None = None,
+    eval_dataset: str | None = None,
 ) -> dict[str, Any]:
     """Run ``steps`` GRPO steps; metrics go to the job's event log. Returns the summary.
 
@@ -85,7 +86,7 @@ def train(
     after that step from the checkpointed policy, as if it had never stopped (every step's data,
     samples and shuffles come from (seed, step), not from what ran before)."""
     run = GRPORun(client, job=job, model=model, task=task, steps=steps, seed=seed, config=config, tools=tools,
-                  dataset=dataset)
+                  dataset=dataset, eval_dataset=eval_dataset)
     first = run.start(resume)
     for step in range(first, steps + 1):
         metrics = run.step(step)
@@ -99,10 +100,10 @@ class GRPORun:
     accuracies so far; ``step`` runs one step (rollout, reward, update, sync, evaluation, logs)."""
 
     def __init__(self, client: Client, *, job: str, model: str, task: str, steps: int, seed: int,
-                 config: GRPOConfig, tools: ToolConfig | None, dataset: str | None):
+                 config: GRPOConfig, tools: ToolConfig | None, dataset: str | None, eval_dataset: str | None = None):
         self.client, self.model, self.task = client, model, task
         self.steps, self.seed, self.config = steps, seed, config
-        self.task_impl = get_task(task, dataset)
+        self.task_impl = get_task(task, dataset, eval_dataset)
         self.tools = tools or ToolConfig()
         U = config.updates_per_step
         optimizer = OptimizerConfig(lr=config.lr, warmup_steps=config.warmup_steps * U,

@@ -120,7 +120,8 @@ class JobDriver:
         try:
             summary = grpo.train(self.client, job=self.job_id, model=self._initial_model(), task=spec.task,
                                  steps=spec.steps, seed=spec.seed, config=spec.grpo, tools=spec.tools,
-                                 dataset=spec.dataset, resume=self.resume)
+                                 dataset=spec.dataset, resume=self.resume,
+                                 eval_dataset=spec.eval_dataset)
             self._export(summary)
         except BaseException as exc:
             if isinstance(exc, EngineFault):  # not the job's doing: the engine service recovers it

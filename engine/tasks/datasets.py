@@ -186,13 +186,17 @@ def split(problems: list[Problem]) -> tuple[list[Problem], list[Problem]]:
 
 
 class DatasetTask(ArithTask):
-    """Train on a file's problems with the math-verify reward; evaluate on its held-out split."""
+    """Train on a file's problems with the math-verify reward; evaluate on its held-out split, or
+    with ``eval_path`` train on all of them and evaluate on that file's."""
 
     name = "dataset"
     default_model = None  # a user's problems: the job names its model
 
-    def __init__(self, path: Path):
-        self.train, self.test = split(load_problems(path))
+    def __init__(self, path: Path, eval_path: Path | None = None):
+        if eval_path is None:
+            self.train, self.test = split(load_problems(path))
+        else:
+            self.train, self.test = load_problems(path), load_problems(eval_path)
 
     def train_batch(self, seed: int, step: int, n: int) -> list[Problem]:
         rng = np.random.default_rng([seed, step])

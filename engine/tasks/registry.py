@@ -18,11 +18,11 @@ class _DatasetEntry:
 TASKS = {"arith": ArithTask, "arith-tools": ArithToolsTask, "dataset": _DatasetEntry}
 
 
-def get_task(name: str, dataset: str | None = None) -> ArithTask:
+def get_task(name: str, dataset: str | None = None, eval_dataset: str | None = None) -> ArithTask:
     if name == "dataset":
         if not dataset:
             raise ValueError("task 'dataset' needs the path of a dataset")
-        return DatasetTask(dataset)
+        return DatasetTask(dataset, eval_dataset)
     try:
         return TASKS[name]()
     except KeyError:

@@ -50,7 +50,8 @@ def too_big_message(size: int, limit: int) -> str:
 
 
 def size_limit(organization: Organization) -> int:
-    """The largest dataset file the organization may upload: its plan's limit, at most the engine's."""
+    """The largest dataset the organization may upload (its file and evaluation file together): its
+    plan's limit, at most the engine's."""
     return min(organization.plan.max_dataset_bytes, MAX_BYTES)
 
 
@@ -70,13 +71,13 @@ def dataset_get(*, organization: Organization, pk: int) -> Dataset:
 # --- writes ---------------------------------------------------------------------------------------
 
 
-def _read_capped(upload: UploadedFile, limit: int) -> bytes:
+def _read_capped(upload: UploadedFile, limit: int, field: str = "file") -> bytes:
     """The upload's bytes, refusing it as soon as it passes ``limit`` (whatever its size claimed)."""
     chunks, total = [], 0
     for chunk in upload.chunks():
         total += len(chunk)
         if total > limit:
-            raise ValidationError({"file": too_big_message(upload.size if upload.size > limit else total, limit)})
+            raise ValidationError({field: too_big_message(upload.size if upload.size > limit else total, limit)})
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -99,47 +100,68 @@ def _write_atomically(directory: Path, data: bytes) -> Path:
     return final
 
 
-def dataset_create(*, organization: Organization, user: User | None, name: str, upload: UploadedFile,
-                   fmt: str | None = None, columns: tuple[str, str] = DATASET_FIELDS) -> Dataset:
-    """Validate an uploaded file of problems (``fmt``: JSONL, CSV or Parquet; None: by the file's
-    name), its prompt and answer in ``columns``, and store it as one of the organization's datasets.
+def _problems_file(upload: UploadedFile, field: str, *, fmt: str | None, columns: tuple[str, str],
+                   limit: int) -> tuple[bytes, int, str]:
+    """An uploaded file of problems checked and made the JSONL the engine reads: (its bytes, how many
+    problems, its format). ``ValidationError({field: ...})`` naming the line or row otherwise."""
+    if upload.size is not None and upload.size > limit:  # before reading any of it
+        raise ValidationError({field: too_big_message(upload.size, limit)})
+    data = _read_capped(upload, limit, field)
+    fmt = fmt or format_of(upload.name or "")
+    try:
+        problems = parse_dataset(data, fmt, prompt=columns[0], answer=columns[1])
+    except DatasetError as exc:
+        raise ValidationError({field: str(exc)}) from None
+    if (fmt, tuple(columns)) != ("jsonl", DATASET_FIELDS):
+        data = to_jsonl(problems)
+        if len(data) > limit:  # a Parquet file's problems may not fit once written out
+            raise ValidationError({field: f"its problems written as JSONL take {len(data)} bytes; "
+                                          f"the limit is {limit} bytes"})
+    return data, len(problems), fmt
 
-    Raises ``ValidationError`` ({"name": ...} or {"file": "line 7: ..."}) and then creates nothing."""
+
+def dataset_create(*, organization: Organization, user: User | None, name: str, upload: UploadedFile,
+                   fmt: str | None = None, columns: tuple[str, str] = DATASET_FIELDS,
+                   eval_upload: UploadedFile | None = None) -> Dataset:
+    """Validate an uploaded file of problems (``fmt``: JSONL, CSV or Parquet; None: by the file's
+    name), its prompt and answer in ``columns``, and store it as one of the organization's datasets;
+    ``eval_upload``: a second file, in the same format and columns, that jobs on the dataset
+    evaluate on (the whole first file then trains; without one, a held-out split of it).
+
+    Raises ``ValidationError`` ({"name": ...}, {"file": "line 7: ..."} or {"eval_file": ...}) and
+    then creates nothing."""
     name = (name or "").strip()
     if not name:
         raise ValidationError({"name": "must not be blank"})
     if upload is None:
         raise ValidationError({"file": "no file was submitted"})
     limit = size_limit(organization)
-    if upload.size is not None and upload.size > limit:  # before reading any of it
-        raise ValidationError({"file": too_big_message(upload.size, limit)})
     if Dataset.objects.filter(organization=organization, name=name).exists():
         raise ValidationError({"name": f"a dataset named {name!r} already exists"})
-    data = _read_capped(upload, limit)
-    fmt = fmt or format_of(upload.name or "")
+    data, problems, fmt = _problems_file(upload, "file", fmt=fmt, columns=columns, limit=limit)
+    # the plan's limit is the dataset's: what the training file leaves of it is the evaluation file's
+    evaluation = (None if eval_upload is None else
+                  _problems_file(eval_upload, "eval_file", fmt=fmt, columns=columns, limit=limit - len(data)))
+    written = [_write_atomically(datasets_dir(organization), data)]
     try:
-        problems = parse_dataset(data, fmt, prompt=columns[0], answer=columns[1])
-    except DatasetError as exc:
-        raise ValidationError({"file": str(exc)}) from None
-    if (fmt, tuple(columns)) != ("jsonl", DATASET_FIELDS):
-        data = to_jsonl(problems)
-        if len(data) > limit:  # a Parquet file's problems may not fit once written out
-            raise ValidationError({"file": f"its problems written as JSONL take {len(data)} bytes; "
-                                           f"the limit is {limit} bytes"})
-    path = _write_atomically(datasets_dir(organization), data)
-    try:
+        if evaluation is not None:
+            written.append(_write_atomically(datasets_dir(organization), evaluation[0]))
         with transaction.atomic():
-            dataset = Dataset.objects.create(organization=organization, name=name, path=str(path),
-                                             problems=len(problems), size_bytes=len(data), created_by=user)
+            dataset = Dataset.objects.create(
+                organization=organization, name=name, path=str(written[0]), problems=problems, size_bytes=len(data),
+                eval_path=str(written[1]) if evaluation else "", eval_problems=evaluation[1] if evaluation else None,
+                created_by=user)
             audit_record(organization=organization, actor=user, action="dataset.created",
                          target=f"dataset-{dataset.pk}",
-                         data={"name": name, "problems": len(problems), "size_bytes": len(data), "format": fmt,
-                               "columns": list(columns)})
+                         data={"name": name, "problems": problems, "size_bytes": len(data), "format": fmt,
+                               "columns": list(columns), "eval_problems": dataset.eval_problems})
     except IntegrityError:  # the same name, uploaded concurrently
-        path.unlink(missing_ok=True)
+        for path in written:
+            path.unlink(missing_ok=True)
         raise ValidationError({"name": f"a dataset named {name!r} already exists"}) from None
     except BaseException:
-        path.unlink(missing_ok=True)
+        for path in written:
+            path.unlink(missing_ok=True)
         raise
     return dataset
 
@@ -156,11 +178,11 @@ def dataset_delete(*, dataset: Dataset, actor: User | None) -> None:
         if users.exists():
             ids = ", ".join(str(pk) for pk in users.values_list("pk", flat=True)[:5])
             raise DatasetInUse(f"active jobs read this dataset (ids {ids}); cancel them or wait for them to finish")
-        path = Path(dataset.path)
+        paths = [Path(p) for p in (dataset.path, dataset.eval_path) if p]
         audit_record(organization=dataset.organization, actor=actor, action="dataset.deleted",
                      target=f"dataset-{dataset.pk}", data={"name": dataset.name})
         dataset.delete()
-        transaction.on_commit(lambda: path.unlink(missing_ok=True))
+        transaction.on_commit(lambda: [path.unlink(missing_ok=True) for path in paths])
 
 
 # --- jobs on datasets -----------------------------------------------------------------------------
@@ -172,13 +194,15 @@ def resolve_dataset(*, organization: Organization, spec: Any) -> Any:
 
     Raises ``ValidationError({"spec.dataset": ...})`` for anything but one of the organization's
     dataset ids: another organization's, an unknown id, or a path (a tenant never names files)."""
+    if isinstance(spec, dict) and "eval_dataset" in spec:
+        raise ValidationError({"spec.eval_dataset": "comes with the dataset (its evaluation file), not by hand"})
     if not isinstance(spec, dict) or spec.get("dataset") is None:
         return spec
     value = spec["dataset"]
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValidationError({"spec.dataset": "must be the id of one of your organization's datasets "
                                                "(GET datasets/)"})
-    path = Dataset.objects.filter(organization=organization, pk=value).values_list("path", flat=True).first()
-    if path is None:
+    paths = Dataset.objects.filter(organization=organization, pk=value).values_list("path", "eval_path").first()
+    if paths is None:
         raise ValidationError({"spec.dataset": f"no dataset {value} in your organization"})
-    return {**spec, "dataset": path}
+    return {**spec, "dataset": paths[0], "eval_dataset": paths[1] or None}

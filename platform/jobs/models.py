@@ -128,6 +128,9 @@ class Dataset(models.Model):
     path = models.CharField(max_length=1000, unique=True, help_text="The stored JSONL file (absolute).")
     problems = models.PositiveIntegerField(help_text="How many problems the file holds.")
     size_bytes = models.PositiveBigIntegerField()
+    eval_path = models.CharField(max_length=1000, blank=True, help_text="Its evaluation file (absolute; blank: "
+                                                                         "jobs evaluate on a held-out split).")
+    eval_problems = models.PositiveIntegerField(null=True, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
                                    related_name="datasets")
     created_at = models.DateTimeField(auto_now_add=True)

@@ -24,6 +24,9 @@ class DatasetUploadSerializer(StrictFieldsMixin, serializers.Serializer):
     answer_column = serializers.CharField(max_length=200, default=DATASET_FIELDS[1],
                                           help_text="The field or column holding the answer (text or a number); "
                                           "a table's other columns are left out.")
+    eval_file = serializers.FileField(required=False, help_text="Optional problems to evaluate on, in the same "
+                                      "format and columns (the whole file then trains; without it, a held-out "
+                                      "split of the file).")
 
 
 class DatasetSerializer(ModelSerializer):
@@ -33,7 +36,7 @@ class DatasetSerializer(ModelSerializer):
 
     class Meta:
         model = Dataset
-        fields = ("id", "name", "problems", "size_bytes", "created_by", "created_at")
+        fields = ("id", "name", "problems", "eval_problems", "size_bytes", "created_by", "created_at")
         read_only_fields = fields
 
 

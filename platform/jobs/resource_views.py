@@ -92,7 +92,8 @@ class DatasetListCreateView(OrgGenericAPIView):
         body = serializer.validated_data
         dataset = datasets.dataset_create(organization=request.organization, user=request.user, name=body["name"],
                                           upload=body["file"], fmt=body.get("format"),
-                                          columns=(body["prompt_column"], body["answer_column"]))
+                                          columns=(body["prompt_column"], body["answer_column"]),
+                                          eval_upload=body.get("eval_file"))
         dataset = datasets.dataset_get(organization=request.organization, pk=dataset.pk)
         return Response(DatasetSerializer(dataset).data, status=status.HTTP_201_CREATED)
 

@@ -68,14 +68,16 @@ def _upload_a_model_and_a_dataset(page, tmp_path) -> None:
 
     rows = [{"question": f"{i}+{i}=", "solution": str(2 * i)} for i in range(5)]
     (tmp_path / "sums.csv").write_bytes(csv_bytes(rows))
+    (tmp_path / "eval.csv").write_bytes(csv_bytes(rows[:2]))
     page.locator("#dataset-name").fill("sums")
     page.get_by_label("File", exact=True).set_input_files(tmp_path / "sums.csv")
+    page.get_by_label("Evaluation file (optional)").set_input_files(tmp_path / "eval.csv")
     page.get_by_label("Prompt column").fill("question")
     page.get_by_label("Answer column").fill("solution")
     page.get_by_role("button", name="Upload dataset", exact=True).click()
     expect(page.locator("#dataset-uploaded")).to_contain_text("Uploaded dataset sums: 5 problems.")
     expect(page.locator("#dataset-rows tr")).to_have_count(1)
-    assert Dataset.objects.get().problems == 5
+    assert (Dataset.objects.get().problems, Dataset.objects.get().eval_problems) == (5, 2)
     screenshot(page, "library")
     page.get_by_role("link", name="Submit", exact=True).click()
     expect(page.locator("#job-form")).to_have_attribute("data-ready", "true")

@@ -176,3 +176,37 @@ def test_grpo_trains_on_a_dataset_and_a_csv_or_parquet_file_of_it_trains_the_sam
     assert all("eval_accuracy" in m for m in metrics)
     for suffix in (".csv", ".parquet"):  # the same problems, the same seed: the same run
         assert runs[suffix] == metrics
+
+
+def _jsonl(problems) -> str:
+    return "".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n" for p in problems)
+
+
+def test_an_evaluation_file_is_the_held_out_set_and_the_whole_dataset_trains(arith_jsonl, tmp_path):
+    problems = load_problems(arith_jsonl)
+    (tmp_path / "eval.jsonl").write_text(_jsonl(problems[:7]))
+    task = DatasetTask(arith_jsonl, tmp_path / "eval.jsonl")
+    assert (task.train, task.eval_set(100)) == (problems, problems[:7])
+    with pytest.raises(SpecError, match="eval_dataset"):
+        JobSpec(task="arith", eval_dataset=str(tmp_path / "eval.jsonl"))
+
+
+def test_a_split_given_as_two_files_trains_as_the_one_file_split_does(router, job, arith_jsonl, tmp_path):
+    """The dataset's own held-out split, uploaded as a training and an evaluation file: the same
+    problems to train on and to evaluate on, the same seed, so the same run."""
+    train, test = split(load_problems(arith_jsonl))
+    (tmp_path / "train.jsonl").write_text(_jsonl(train))
+    (tmp_path / "eval.jsonl").write_text(_jsonl(test))
+    config = grpo.GRPOConfig(prompts_per_step=8, samples_per_prompt=4, updates_per_step=2, max_tokens=4,
+                             eval_every=1, eval_size=10)
+    runs = []
+    two = {"dataset": str(tmp_path / "train.jsonl"), "eval_dataset": str(tmp_path / "eval.jsonl")}
+    for name, files in (("one", {"dataset": str(arith_jsonl)}), ("two", two)):
+        log = tmp_path / f"events-{name}.jsonl"
+        events = EventLog(log)
+        grpo.train(Client(router, events), job=f"{job}-{name}", model="tiny-arith", task="dataset", steps=2, seed=0,
+                   config=config, **files)
+        events.close()
+        runs.append([e["data"] for e in read_events(log) if e["kind"] == "metrics"])
+    assert all("eval_accuracy" in m for m in runs[0])
+    assert runs[0] == runs[1]

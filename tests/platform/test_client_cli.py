@@ -430,10 +430,13 @@ def test_datasets_upload_list_and_delete_through_the_client_and_the_cli(acme, gl
         globex.client.delete_dataset(dataset["id"])
 
     (tmp_path / "export.txt").write_bytes(csv_bytes(rows))
+    (tmp_path / "eval.csv").write_bytes(csv_bytes(rows[:3]))
     upload = acme.cli("datasets", "upload", str(tmp_path / "export.txt"), "--name", "sums from csv", "--format",
-                      "csv", "--prompt-column", "question", "--answer-column", "solution")
+                      "csv", "--prompt-column", "question", "--answer-column", "solution", "--eval-file",
+                      str(tmp_path / "eval.csv"))
     assert upload.returncode == 0, upload.stderr
     from_csv = int(upload.stdout)  # the id alone on stdout
+    assert Dataset.objects.get(pk=from_csv).eval_problems == 3
     assert "12 problems" in upload.stderr
     # the same problems, whatever the file: the same JSONL for the engine
     stored = {d.pk: Path(d.path).read_bytes() for d in Dataset.objects.all()}

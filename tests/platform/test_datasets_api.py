@@ -50,8 +50,8 @@ def test_upload_stores_the_file_and_the_row(tenant, token_client, home):
     body = response.json()
     dataset = Dataset.objects.get()
     assert body == {
-        "id": dataset.pk, "name": "sums", "problems": 12, "size_bytes": len(jsonl()), "created_by": "acme-member",
-        "created_at": body["created_at"],
+        "id": dataset.pk, "name": "sums", "problems": 12, "eval_problems": None, "size_bytes": len(jsonl()),
+        "created_by": "acme-member", "created_at": body["created_at"],
     }  # fmt: skip
     path = Path(dataset.path)
     assert path.parent == home / "datasets" / str(tenant.organization.pk)
@@ -60,6 +60,53 @@ def test_upload_stores_the_file_and_the_row(tenant, token_client, home):
     assert stored_files(home) == [path]  # no temporary file left
     row = AuditLog.objects.get(action="dataset.created")
     assert (row.organization, row.actor, row.target) == (tenant.organization, tenant.member, f"dataset-{dataset.pk}")
+
+
+def test_an_evaluation_file_is_stored_beside_and_jobs_evaluate_on_it(tenant, token_client, home,
+                                                                     django_capture_on_commit_callbacks):
+    client = token_client(tenant.member, tenant.organization)
+    evaluation = [{"q": "What is 100 + 1?", "a": 101}, {"q": "What is 7 + 7?", "a": 14}]
+    response = upload(client, content=csv_bytes([{"q": r["prompt"], "a": r["answer"]} for r in ROWS]),
+                      filename="train.csv", prompt_column="q", answer_column="a",
+                      eval_file=SimpleUploadedFile("eval.csv", csv_bytes(evaluation)))
+    assert response.status_code == 201, response.json()
+    assert (response.json()["problems"], response.json()["eval_problems"]) == (12, 2)
+    dataset = Dataset.objects.get()
+    assert Path(dataset.eval_path).read_bytes() == jsonl([{"prompt": r["q"], "answer": str(r["a"])}
+                                                          for r in evaluation])
+    assert stored_files(home) == sorted([Path(dataset.path), Path(dataset.eval_path)])
+    job = client.post(JOBS, {"spec": {"task": "dataset", "dataset": dataset.pk, "model": "tiny-arith"}},
+                      format="json")
+    assert job.status_code == 201, job.json()
+    assert (job.json()["spec"]["dataset"], job.json()["spec"]["eval_dataset"]) == (dataset.path, dataset.eval_path)
+    Job.objects.update(state=JobState.SUCCEEDED)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert client.delete(f"{DATASETS}{dataset.pk}/").status_code == 204
+    assert stored_files(home) == []  # both files
+
+
+@pytest.mark.parametrize(("eval_content", "message"), [
+    (b'{"prompt": "1+1"}\n', "line 1:"),
+    (jsonl() * 20, "the limit is"),  # the dataset's limit is both files together
+])
+def test_a_bad_evaluation_file_answers_400_and_stores_nothing(tenant, token_client, home, eval_content, message):
+    give_plan(tenant.organization, max_dataset_bytes=len(jsonl()) * 10)
+    response = upload(token_client(tenant.member, tenant.organization),
+                      eval_file=SimpleUploadedFile("eval.jsonl", eval_content))
+    assert response.status_code == 400
+    assert message in response.json()["eval_file"][0], response.json()
+    assert not Dataset.objects.exists()
+    assert stored_files(home) == []
+
+
+def test_a_spec_cannot_name_an_evaluation_file(tenant, token_client):
+    dataset = make_dataset(tenant)
+    response = token_client(tenant.member, tenant.organization).post(
+        JOBS, {"spec": {"task": "dataset", "dataset": dataset.pk, "model": "tiny-arith", "eval_dataset": "/etc/x"}},
+        format="json")
+    assert response.status_code == 400
+    assert "spec.eval_dataset" in response.json()
+    assert not Job.objects.exists()
 
 
 def test_a_viewer_cannot_upload(tenant, token_client, home):

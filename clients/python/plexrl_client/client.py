@@ -140,11 +140,14 @@ class ServiceClient:
     # -- datasets -----------------------------------------------------------------------------
 
     def upload_dataset(self, path: str | os.PathLike, name: str, *, file_format: str | None = None,
-                       prompt_column: str = "prompt", answer_column: str = "answer") -> dict[str, Any]:
+                       prompt_column: str = "prompt", answer_column: str = "answer",
+                       eval_path: str | os.PathLike | None = None) -> dict[str, Any]:
         """Upload a file of problems (JSONL, CSV or Parquet; ``file_format`` when its name's suffix does
         not say which) as one of the organization's datasets; its prompt and answer are in the
         fields or columns named. Returns the dataset (a job trains on it with ``{"task":
-        "dataset", "dataset": <its id>}``); ``BadRequest`` names the file's first bad line or row::
+        "dataset", "dataset": <its id>}``); ``BadRequest`` names the file's first bad line or row.
+        ``eval_path``: problems to evaluate on, in the same format and columns (the whole first
+        file then trains; without it, a held-out split of it)::
 
             client.upload_dataset("gsm8k.parquet", "gsm8k", prompt_column="question")
         """
@@ -152,7 +155,10 @@ class ServiceClient:
         fields = {"name": name, "prompt_column": prompt_column, "answer_column": answer_column}
         if file_format is not None:
             fields["format"] = file_format
-        content_type, body = multipart(fields, {"file": (path.name, path.read_bytes())})
+        files = {"file": (path.name, path.read_bytes())}
+        if eval_path is not None:
+            files["eval_file"] = (Path(eval_path).name, Path(eval_path).read_bytes())
+        content_type, body = multipart(fields, files)
         raw = self._send(self._url("datasets/"), method="POST", body=body, content_type=content_type,
                          token=self.token, timeout=self.timeout)
         return json.loads(raw)

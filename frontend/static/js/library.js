@@ -50,6 +50,7 @@ function datasetRow(dataset) {
   return el("tr", { dataset: { dataset: dataset.id } },
     el("th", { scope: "row" }, dataset.name),
     el("td", { class: "num" }, dataset.problems),
+    el("td", { class: "num" }, dataset.eval_problems ?? "held-out split"),
     el("td", { class: "num" }, bytes(dataset.size_bytes)),
     el("td", {}, dataset.created_by || "–"),
     el("td", {}, when(dataset.created_at)),
@@ -75,7 +76,12 @@ function uploadForm(form, name, path, describe) {
     const button = form.querySelector("button[type=submit]");
     button.disabled = true;
     try {
-      const created = await api(path, { method: "POST", body: new FormData(form) });
+      const body = new FormData(form);
+      for (const [key, value] of [...body.entries()]) {
+        // an unset optional control (no evaluation file, the format by the file's name) is left out
+        if (value === "" || (value instanceof File && !value.name)) body.delete(key);
+      }
+      const created = await api(path, { method: "POST", body });
       form.reset();
       showMessage(done, describe(created));
       await load();
