@@ -16,6 +16,9 @@ from engine.workers.sampling import sample
 
 PROBLEMS = ["12+7=", "3-5=", "40+1-2=", "99-99=", "8+8=", "61-7+3=", "25+25=", "9-18+2="]
 MAX_TOKENS = 8
+# device slots of each rank: with the session's torch group (one slot) this module's groups and the
+# vLLM group of each architecture (one at a time) fit the session's two
+DEVICES = 0.125
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +28,9 @@ def groups(ray_engine, plexrl_home, tiny_model_dir):
 
     started = {
         "megatron": WorkerGroup.start("sync-megatron-tp2", "megatron", world_size=2, threads=1,
-                                      data_dir=plexrl_home, devices_per_rank=0.25),
-        "vllm": WorkerGroup.start("sync-vllm", "vllm", threads=1, data_dir=plexrl_home, devices_per_rank=0.25),
-        "torch": WorkerGroup.start("sync-torch", "torch", threads=1, data_dir=plexrl_home, devices_per_rank=0.25),
+                                      data_dir=plexrl_home, devices_per_rank=DEVICES),
+        "vllm": WorkerGroup.start("sync-vllm", "vllm", threads=1, data_dir=plexrl_home, devices_per_rank=DEVICES),
+        "torch": WorkerGroup.start("sync-torch", "torch", threads=1, data_dir=plexrl_home, devices_per_rank=DEVICES),
     }
     yield started
     for group in started.values():
@@ -111,7 +114,7 @@ def test_llama_and_qwen3_policies_sync_from_megatron_tp2_into_vllm(groups, plexr
 
     model_dir = build_tiny_model(tmp_path / arch, arch, tied=tied, seed=4)
     tok = AutoTokenizer.from_pretrained(model_dir)
-    vllm = WorkerGroup.start(f"sync-vllm-{arch}", "vllm", threads=1, data_dir=plexrl_home, devices_per_rank=0.25)
+    vllm = WorkerGroup.start(f"sync-vllm-{arch}", "vllm", threads=1, data_dir=plexrl_home, devices_per_rank=DEVICES)
     try:
         job = f"sync-{arch}"
         router = Router([groups["megatron"], vllm])

@@ -2,7 +2,8 @@
 a tiny Qwen3, built here, are uploaded through the SDK, trained by jobs on vLLM + Megatron (TP=2)
 and on the torch backends (the engine on a Ray cluster, a Celery worker, daphne), and their final
 weights downloaded as one archive; unpacked, each folder loads with ``transformers`` as it is and
-generates, and holds exactly the weights the engine exported."""
+generates, and holds exactly the weights the engine exported. The jobs of the two architectures run
+at once, each architecture on a vLLM engine of its own."""
 
 from __future__ import annotations
 
@@ -55,6 +56,14 @@ def test_upload_train_and_download_a_llama_and_a_qwen3_on_vllm_megatron_tp2_and_
         assert all(state == "succeeded" for state, _ in states.values()), states
         platform.wait_until(lambda: all(Job.objects.get(pk=i).events_complete for i in jobs.values()), 120,
                             "the jobs' events were not all ingested")
+
+        # the two architectures ran at once, each on a vLLM engine of its own
+        rows = {key: Job.objects.get(pk=i) for key, i in jobs.items()}
+        llama, qwen3 = rows[("llama", "megatron")], rows[("qwen3", "megatron")]
+        assert max(llama.started_at, qwen3.started_at) < min(llama.finished_at, qwen3.finished_at)
+        rollout = {key: set(row.usage.filter(fn="generate").values_list("wpg", flat=True)) for key, row in rows.items()}
+        assert rollout[("llama", "megatron")]
+        assert not rollout[("llama", "megatron")] & rollout[("qwen3", "megatron")]
 
         for (arch, trainer), job_id in jobs.items():
             folder = Path(client.download_artifact(job_id, tmp_path / "downloads" / f"{arch}-{trainer}"))
