@@ -8,9 +8,9 @@ A vLLM engine is built for one model configuration. Rebuilding it for another co
 (``engine_start_s``: import, weights, KV cache, warm-up), at every switch between the two. A group
 of its own costs that once, and holds a device slot while it lives. A switch between jobs of one
 configuration on a group (the StateManager swapping their weights) costs the call's ``setup_s``.
-The script starts vLLM groups for a tiny Qwen2 and a tiny Llama ``--repeats`` times each and reads
+The script starts vLLM groups for a tiny Llama and a tiny Qwen3 ``--repeats`` times each and reads
 each engine's construction time. On one group with one resident deployment it then alternates
-``--calls`` greedy ``generate`` calls between two Qwen2 jobs and reads each call's ``setup_s``. It
+``--calls`` greedy ``generate`` calls between two Llama jobs and reads each call's ``setup_s``. It
 prints the medians and their ratio as JSON. A benchmark: it prints, it asserts nothing.
 """
 
@@ -41,7 +41,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="rollout-affinity-"))
     models = {name: build_tiny_model(work / name, arch, seed=seed)
-              for name, arch, seed in (("qwen2-a", "qwen2", 0), ("qwen2-b", "qwen2", 1), ("llama", "llama", 2))}
+              for name, arch, seed in (("llama-a", "llama", 0), ("llama-b", "llama", 1), ("qwen3", "qwen3", 2))}
     start_ray(EngineConfig(devices=2))
 
     def engine_start(model: str, run: int) -> float:
@@ -52,13 +52,13 @@ def main() -> int:
         finally:
             group.shutdown()
 
-    starts = {model: [engine_start(model, run) for run in range(args.repeats)] for model in ("qwen2-a", "llama")}
+    starts = {model: [engine_start(model, run) for run in range(args.repeats)] for model in ("llama-a", "qwen3")}
 
     group = WorkerGroup.start("aff-swap", "vllm", threads=1, data_dir=work, devices_per_rank=1.0,
                               swapping=Swapping(max_resident=1))
     try:
         jobs = [(f"job-{i}", "policy") for i in range(2)]
-        for job, model in zip(jobs, ("qwen2-a", "qwen2-b"), strict=True):
+        for job, model in zip(jobs, ("llama-a", "llama-b"), strict=True):
             group.create(job, models[model], trainable=False, optimizer=None)
         payload = {"prompts": [[3, 4, 5], [6, 7]], "sampling": SamplingParams(n=1, temperature=0.0, max_tokens=4)}
         setups = []
@@ -70,7 +70,7 @@ def main() -> int:
     finally:
         group.shutdown()
 
-    rebuild = statistics.median(starts["llama"])
+    rebuild = statistics.median(starts["qwen3"])
     switch = statistics.median(setups)
     print(json.dumps({
         "engine_start_s": {model: [round(s, 3) for s in values] for model, values in starts.items()},
