@@ -34,7 +34,7 @@ from engine.accounting.estimate import estimate
 from engine.accounting.metering import LedgerTotals, ledger_totals, record_rows, savings_of_rows, savings_of_totals
 from engine.errors import SessionClosed, SessionPending, UnknownJob, UnknownService
 from engine.models import PRESETS, is_model_dir, preset_dir, resolve_model
-from engine.models.check import BACKEND_ARCHITECTURES, check_model_folder
+from engine.models.check import BACKEND_ARCHITECTURES, check_model_folder, configuration_problem
 from engine.models.check import file_problem as model_file_problem
 from engine.paths import plexrl_home
 from engine.scheduler.core import Policy
@@ -57,6 +57,7 @@ __all__ = [  # what the control plane uses, besides EngineClient
     "LedgerTotals",
     "ServiceConfig",
     "check_model_folder",
+    "configuration_problem",
     "estimate",
     "format_of",
     "is_model_dir",

@@ -25,7 +25,9 @@ def _config(arch: str, tied: bool, vocab_size: int):
 def build_tiny_model(out: Path, arch: str = "qwen2", *, tied: bool = True, seed: int = 0,
                      vocab_size: int = len(VOCAB)) -> Path:
     """A random ``arch`` model (4 query heads, 2 KV heads, head_dim 32, 2 layers) and its tokenizer,
-    saved in ``out``; ``vocab_size``: the model's (the tokenizer has ``len(VOCAB)`` tokens)."""
+    saved in ``out``; ``vocab_size``: the model's (the tokenizer has ``len(VOCAB)`` tokens). vLLM's
+    Qwen2 takes head_dim as hidden_size / heads (16 here), so it cannot serve the Qwen2 (its CPU
+    attention takes no head_dim of 16 either): the Qwen2 runs on torch and Megatron."""
     import torch
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast

@@ -47,6 +47,72 @@ def file_problem(name: str) -> str | None:
     return None
 
 
+# The Hugging Face architectures Megatron trains, by ``model_type``: their attention differs only in
+# the q, k, v biases (Qwen2) and the per-head RMSNorm of q and k before the rotary embedding (Qwen3).
+MEGATRON_MODEL_TYPES = ("qwen2", "llama", "qwen3")
+
+
+def _rope_type(config: dict[str, Any]) -> str:
+    """The rotary embedding's scaling: ``rope_parameters`` (transformers 5) or ``rope_scaling``
+    (older configs), whichever names one."""
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = config.get(key) or {}
+        kind = rope.get("rope_type") or rope.get("type") if isinstance(rope, dict) else None
+        if kind and kind != "default":
+            return kind
+    return "default"
+
+
+def megatron_problem(config: dict[str, Any], tp: int) -> str | None:
+    """Why Megatron cannot train the model of ``config`` (``config.json`` as a mapping) at tensor
+    parallel size ``tp``, or None."""
+    if tp < 1:
+        return f"tensor parallel size must be >= 1, got {tp}"
+    model_type = config.get("model_type")
+    if model_type not in MEGATRON_MODEL_TYPES:
+        return f"Megatron conversion supports {', '.join(MEGATRON_MODEL_TYPES)} models, not {model_type!r}"
+    if model_type != "qwen2" and config.get("attention_bias"):
+        return f"a {model_type} model with attention biases is not supported"
+    if config.get("mlp_bias"):
+        return "MLP biases are not supported"
+    if config.get("hidden_act", "silu") != "silu":
+        return f"unsupported activation {config.get('hidden_act')!r}"
+    if _rope_type(config) != "default":
+        return (f"unsupported rope scaling {_rope_type(config)!r} (Megatron conversion takes the default rotary "
+                "embedding)")
+    if config.get("use_sliding_window"):
+        return "sliding-window attention is not supported"
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size"):
+        size = config.get(name) or (config.get("num_attention_heads") if name == "num_key_value_heads" else None)
+        if isinstance(size, int) and size % tp:
+            return f"{name}={size} is not divisible by tensor parallel size {tp}"
+    return None
+
+
+def vllm_problem(config: dict[str, Any]) -> str | None:
+    """Why vLLM cannot serve the model of ``config`` although it runs its architecture, or None."""
+    if config.get("model_type") == "qwen2" and config.get("head_dim"):
+        derived = config["hidden_size"] // config["num_attention_heads"]
+        if config["head_dim"] != derived:
+            return (f"vLLM's Qwen2 takes head_dim as hidden_size / num_attention_heads ({derived}), not "
+                    f"config.json's {config['head_dim']}")
+    return None
+
+
+def configuration_problem(config: dict[str, Any], backend: str, tp: int = 1) -> str | None:
+    """Why ``backend`` cannot run this model (its ``config.json`` as a mapping), or None: the
+    architecture, then what that backend needs of the configuration."""
+    architecture = (config.get("architectures") or [""])[0]
+    if architecture not in BACKEND_ARCHITECTURES.get(backend, ARCHITECTURES):
+        runs = ", ".join(sorted(BACKEND_ARCHITECTURES[backend]))
+        return f"the model is a {architecture or 'model of no architecture'}; the {backend} backend runs {runs}"
+    if backend == "megatron":
+        return megatron_problem(config, tp)
+    if backend == "vllm":
+        return vllm_problem(config)
+    return None
+
+
 def backends_for(architecture: str) -> list[str]:
     """The backends that run ``architecture``, by name."""
     return sorted(b for b, archs in BACKEND_ARCHITECTURES.items() if architecture in archs)
@@ -77,7 +143,7 @@ def check_model_folder(folder: Path) -> dict[str, Any]:
     return {
         "architecture": architecture,
         "model_type": config.get("model_type", ""),
-        "backends": backends_for(architecture),
+        "backends": [b for b in backends_for(architecture) if configuration_problem(config, b) is None],
         "parameters": sum(_numel(shape) for shape, _ in stored.values()),
         "size_bytes": sum(p.stat().st_size for p in files),
         "dtype": dtypes[0] if len(dtypes) == 1 else "mixed",

@@ -79,11 +79,6 @@ def _new(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone(memory_format=torch.contiguous_format)
 
 
-# The Hugging Face architectures Megatron trains, by ``model_type``: their attention differs only in
-# the q, k, v biases (Qwen2) and the per-head RMSNorm of q and k before the rotary embedding (Qwen3).
-MEGATRON_MODEL_TYPES = ("qwen2", "llama", "qwen3")
-
-
 def _qkv_bias(hf_config) -> bool:
     return hf_config.model_type == "qwen2"
 
@@ -100,31 +95,13 @@ def megatron_layer_spec(hf_config):
 
 
 def check_megatron_layout(hf_config, tp: int) -> None:
-    if tp < 1:
-        raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
-    model_type = getattr(hf_config, "model_type", None)
-    if model_type not in MEGATRON_MODEL_TYPES:
-        raise ValueError(f"Megatron conversion supports {', '.join(MEGATRON_MODEL_TYPES)} models, not {model_type!r}")
-    if model_type != "qwen2" and getattr(hf_config, "attention_bias", False):
-        raise ValueError(f"a {model_type} model with attention biases is not supported")
-    if getattr(hf_config, "mlp_bias", False):
-        raise ValueError("MLP biases are not supported")
-    if hf_config.hidden_act != "silu":
-        raise ValueError(f"unsupported activation {hf_config.hidden_act!r}")
-    rope = getattr(hf_config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"unsupported rope scaling {rope.get('rope_type')!r}")
-    if getattr(hf_config, "use_sliding_window", False):
-        raise ValueError("sliding-window attention is not supported")
-    sizes = {
-        "num_attention_heads": hf_config.num_attention_heads,
-        "num_key_value_heads": hf_config.num_key_value_heads,
-        "intermediate_size": hf_config.intermediate_size,
-        "vocab_size": hf_config.vocab_size,
-    }
-    for name, size in sizes.items():
-        if size % tp:
-            raise ValueError(f"{name}={size} is not divisible by tensor parallel size {tp}")
+    """``ValueError`` unless Megatron trains this model at tensor parallel size ``tp``
+    (``engine.models.check.megatron_problem``, which reads the config as a plain mapping)."""
+    from engine.models.check import megatron_problem
+
+    problem = megatron_problem(hf_config.to_dict(), tp)
+    if problem:
+        raise ValueError(problem)
 
 
 def _head_dim(hf_config) -> int:

@@ -10,6 +10,7 @@ checkpoints among them).
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from django.db.models import Q, QuerySet
 from django.shortcuts import get_object_or_404
 
 from accounts.models import Organization, User
-from engine.control import BACKEND_ARCHITECTURES, PRESETS
+from engine.control import BACKEND_ARCHITECTURES, PRESETS, configuration_problem
 from engine.spec import default_rollout, default_trainer
 from jobs.models import RegisteredModel
 
@@ -130,14 +131,32 @@ def _looks_like_a_path(value: str) -> bool:
 
 
 def _backend_problem(model: RegisteredModel, spec: dict[str, Any]) -> str | None:
-    """Why the job's backends cannot run the model's architecture, or None."""
-    if not model.architecture:
-        return None  # registered unchecked by staff: the engine finds out
+    """Why the job's rollout or trainer backend cannot run the model (its architecture, or what
+    the backend needs of its configuration: Megatron's rotary embedding and tensor-parallel
+    splits, vLLM's Qwen2 head size), or None. A folder staff registered unchecked is left to the
+    engine when its config cannot be read."""
+    try:
+        config = json.loads((Path(model.path) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict) or not config.get("architectures"):
+        return None if not model.architecture else _architecture_problem(model, spec)
+    tp = spec.get("tp") if isinstance(spec.get("tp"), int) else 1
+    for side, default in (("rollout", default_rollout), ("trainer", default_trainer)):
+        backend = spec.get(side) or default()
+        problem = configuration_problem(config, backend, tp) if backend in BACKEND_ARCHITECTURES else None
+        if problem:
+            return f"{model.name!r} cannot run on the {backend} {side}: {problem}"
+    return None
+
+
+def _architecture_problem(model: RegisteredModel, spec: dict[str, Any]) -> str | None:
     for side, default in (("rollout", default_rollout), ("trainer", default_trainer)):
         backend = spec.get(side) or default()
         if backend in BACKEND_ARCHITECTURES and model.architecture not in BACKEND_ARCHITECTURES[backend]:
             runs = ", ".join(sorted(BACKEND_ARCHITECTURES[backend]))
-            return f"{model.name!r} is a {model.architecture}; the {backend} {side} runs {runs}"
+            return (f"{model.name!r} cannot run on the {backend} {side}: it is a {model.architecture}; "
+                    f"{backend} runs {runs}")
     return None
 
 

@@ -237,5 +237,29 @@ def test_a_job_whose_backends_do_not_run_the_architecture_is_refused(tenant, tok
     response = token_client(tenant.member, tenant.organization).post(
         JOBS, {"spec": {"model": "gpt", "rollout": "torch", "trainer": "torch"}}, format="json")
     assert response.status_code == 400
-    assert response.json()["spec.model"] == ["'gpt' is a GPT2LMHeadModel; the torch rollout runs LlamaForCausalLM, "
-                                               "Qwen2ForCausalLM, Qwen3ForCausalLM"]
+    assert response.json()["spec.model"] == ["'gpt' cannot run on the torch rollout: it is a GPT2LMHeadModel; "
+                                               "torch runs LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"]
+
+
+@pytest.mark.parametrize(("spoil", "backends", "message"), [
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 32}},
+     {"trainer": "megatron"}, "cannot run on the megatron trainer: unsupported rope scaling 'llama3'"),
+    ({}, {"trainer": "megatron", "tp": 4}, "num_key_value_heads=2 is not divisible by tensor parallel size 4"),
+    ({}, {"rollout": "vllm"}, "cannot run on the vllm rollout: vLLM's Qwen2 takes head_dim as hidden_size / "
+                              "num_attention_heads (16), not config.json's 32"),
+], ids=["llama3-rope-on-megatron", "tp4-on-two-kv-heads", "qwen2-head-dim-on-vllm"])
+def test_a_job_whose_backend_cannot_run_the_models_configuration_is_refused(tenant, token_client, tmp_path, qwen,
+                                                                            spoil, backends, message):
+    folder = shutil.copytree(qwen, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **spoil}))
+    client = token_client(tenant.member, tenant.organization)
+    assert upload(client, folder).status_code == 201  # another backend runs it
+    spec = {"model": "my-qwen", "rollout": "torch", "trainer": "torch", **backends}
+    response = client.post(JOBS, {"spec": spec}, format="json")
+    assert response.status_code == 400
+    assert message in response.json()["spec.model"][0], response.json()
+    assert not Job.objects.exists()
+    assert client.post(JOBS, {"spec": {**spec, "rollout": "torch", "trainer": "torch", "tp": 1}},
+                       format="json").status_code == 201
