@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.state.megatron_rules import megatron_problem
+
 
 @dataclass(frozen=True)
 class ShardSpec:
@@ -96,9 +98,7 @@ def megatron_layer_spec(hf_config):
 
 def check_megatron_layout(hf_config, tp: int) -> None:
     """``ValueError`` unless Megatron trains this model at tensor parallel size ``tp``
-    (``engine.models.check.megatron_problem``, which reads the config as a plain mapping)."""
-    from engine.models.check import megatron_problem
-
+    (``engine.state.megatron_rules``, which reads the config as a plain mapping)."""
     problem = megatron_problem(hf_config.to_dict(), tp)
     if problem:
         raise ValueError(problem)
