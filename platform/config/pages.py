@@ -88,7 +88,7 @@ def _continuing(request: HttpRequest, organization: Organization | None) -> dict
     raw = request.GET.get("continue_from", "")
     if organization is None or not raw.isdigit():
         return None
-    parent = job_selectors.job_get(organization=organization, pk=int(raw))
+    parent = job_selectors.job_row(organization=organization, pk=int(raw))
     weights = "checkpoint" if request.GET.get("weights") == "checkpoint" else "final"
     return {"id": parent.pk, "name": parent.name, "weights": weights}
 

@@ -39,6 +39,17 @@ from jobs.views import Conflict
 MULTIPART_SLACK = 64 * 1024
 
 
+def _refuse_longer_than(request: Request, limit: int, field: str, message) -> None:
+    """A 400 on ``field`` (``message(length, limit)``) for an upload whose declared length passes
+    ``limit`` and its multipart framing, before its body is read."""
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    if length > limit + MULTIPART_SLACK:
+        raise exceptions.ValidationError({field: [message(length, limit)]})
+
+
 class StaffOrOrgMember(BasePermission):
     """Platform staff, or anyone in the request's organization (any role)."""
 
@@ -80,13 +91,7 @@ class DatasetListCreateView(OrgGenericAPIView):
 
     @extend_schema(summary="Upload a dataset", request=DatasetUploadSerializer, responses={201: DatasetSerializer})
     def post(self, request: Request) -> Response:
-        try:
-            length = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
-        limit = datasets.size_limit(request.organization)
-        if length > limit + MULTIPART_SLACK:  # refused before the body is read
-            raise exceptions.ValidationError({"file": [datasets.too_big_message(length, limit)]})
+        _refuse_longer_than(request, datasets.size_limit(request.organization), "file", datasets.too_big_message)
         serializer = DatasetUploadSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         body = serializer.validated_data
@@ -165,13 +170,7 @@ class ModelUploadView(OrgAPIView):
     @extend_schema(summary="Upload a model", request={"multipart/form-data": ModelUploadSerializer},
                    responses={201: ModelEntrySerializer})
     def post(self, request: Request) -> Response:
-        limit = request.organization.plan.max_model_bytes
-        try:
-            length = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
-        if length > limit + MULTIPART_SLACK:  # refused before the body is read
-            raise exceptions.ValidationError({"files": [model_uploads.too_big_message(length, limit)]})
+        _refuse_longer_than(request, request.organization.plan.max_model_bytes, "files", model_uploads.too_big_message)
         serializer = ModelUploadSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         body = serializer.validated_data
