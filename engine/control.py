@@ -40,6 +40,7 @@ from engine.paths import plexrl_home
 from engine.scheduler.core import Policy
 from engine.service.session_calls import SESSION_CALLS
 from engine.spec import JobSpec, ServiceConfig, check_job_id, priority_factor
+from engine.support.wire import Closed, Line
 from engine.tasks.datasets import FIELDS as DATASET_FIELDS
 from engine.tasks.datasets import FORMATS as DATASET_FORMATS
 from engine.tasks.datasets import MAX_BYTES as MAX_DATASET_BYTES
@@ -103,6 +104,7 @@ class EngineClient:
         self.config = config or ServiceConfig()
         self.create = create
         self._sessions: dict[str, Any] = {}  # session -> its driver, as the service named it
+        self._session_lines: dict[str, Line | None] = {}  # session -> its driver's node socket, if reachable
         if not create:
             try:
                 self.actor = ray.get_actor(SERVICE_NAME, namespace="plexrl")
@@ -196,8 +198,19 @@ class EngineClient:
         still queued for groups, then raises SessionPending (nothing was sent). SessionClosed: it
         has ended; ValueError: it is not a session."""
 
+        return self._session_exchange(job_id, seq, "call", (seq, fn, args), wait_s)
+
+    def _session_exchange(self, job_id: str, seq: int, method: str, args: tuple, wait_s: float | None) -> SessionCall:
+        """``method`` (``call`` or ``result``) of the session's driver, on its node socket where
+        this process is on the driver's node (``SessionDriver.endpoint``), else through the actor."""
         driver = self._sessions.get(job_id) or self._session_driver(job_id, wait_s)
-        return SessionCall(self, job_id, driver.call.remote(seq, fn, args))
+        line = self._session_lines.get(job_id)
+        if line is not None:
+            try:
+                return SessionCall(self, job_id, seq, line=line, sock=line.send((method, args)))
+            except Closed:  # the socket is gone: the actor from now on
+                self._session_lines[job_id] = None
+        return SessionCall(self, job_id, seq, ref=getattr(driver, method).remote(*args))
 
     def _session_driver(self, job_id: str, wait_s: float | None) -> Any:
         """The session's driver, once the service has it: a session not submitted yet (its launch
@@ -209,6 +222,7 @@ class EngineClient:
             except UnknownJob:
                 driver = None
             if driver is not None:
+                self._session_lines[job_id] = _session_line(driver, self.timeout_s)
                 self._sessions[job_id] = driver
                 return driver
             if time.monotonic() > deadline:
@@ -230,8 +244,7 @@ class EngineClient:
         or the error it raised. TimeoutError: not there within ``wait_s``; LookupError: no longer kept;
         SessionPending: the session is still queued for groups."""
 
-        driver = self._sessions.get(job_id) or self._session_driver(job_id, 0.0)
-        return SessionCall(self, job_id, driver.result.remote(seq, wait_s)).answer()
+        return self._session_exchange(job_id, seq, "result", (seq, wait_s), 0.0).answer()
 
     def session_call(self, job_id: str, seq: int, fn: str, args: dict[str, Any], *,
                      wait_s: float | None = None) -> dict[str, Any]:
@@ -264,19 +277,40 @@ class EngineClient:
 
 
 class SessionCall:
-    """A session call on its way (``EngineClient.session_submit``); ``result()`` waits for it."""
+    """A session call on its way (``EngineClient.session_submit``); ``result()`` waits for it. It
+    went to the session's driver through the actor (``ref``), or on its node socket (``line``,
+    ``sock``)."""
 
-    def __init__(self, client: EngineClient, job_id: str, ref: Any):
-        self._client, self._job, self._ref = client, job_id, ref
+    def __init__(self, client: EngineClient, job_id: str, seq: int, *, ref: Any = None, line: Line | None = None,
+                 sock: Any = None):
+        self._client, self._job, self._seq = client, job_id, seq
+        self._ref, self._line, self._sock = ref, line, sock
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
         """The call's JSON result."""
         return self.answer(timeout)["result"]
 
     def answer(self, timeout: float | None = None) -> dict[str, Any]:
-        """``result`` and ``engine_ms``, what the call took in the engine (``SessionDriver.call``)."""
+        """``result`` and ``engine_ms``, what the call took in the engine (``SessionDriver.call``).
+        TimeoutError: not within ``timeout`` seconds (the call goes on; ask again)."""
         import ray
 
+        if self._sock is not None:
+            sock, self._sock = self._sock, None
+            try:
+                ok, value = self._line.answer(sock, timeout)
+            except TimeoutError:
+                raise TimeoutError(f"session {self._job}: no answer within {timeout} s yet") from None
+            except Closed:  # the driver has the call's answer, or is gone: the actor says which
+                self._client._session_lines[self._job] = None
+            else:
+                if ok:
+                    return value
+                raise value
+        if self._ref is None:  # its socket exchange is over: the driver keeps the answer for ``result``
+            wait = self._client.timeout_s if timeout is None else timeout
+            fetch = self._client._session_exchange(self._job, self._seq, "result", (self._seq, wait), 0.0)
+            return fetch.answer(timeout)
         try:
             return ray.get(self._ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
@@ -284,9 +318,25 @@ class SessionCall:
         except ray.exceptions.RayTaskError as exc:
             raise exc.as_instanceof_cause() from None
         except ray.exceptions.RayActorError:  # its driver is gone: the session ended meanwhile
-            self._client._sessions.pop(self._job, None)
-            status = self._client.status(self._job)
-            raise SessionClosed(self._job, status.get("reason") or status.get("state", "ended")) from None
+            raise self._closed(self._client.status(self._job)) from None
+
+    def _closed(self, status: dict[str, Any]) -> SessionClosed:
+        self._client._sessions.pop(self._job, None)
+        self._client._session_lines.pop(self._job, None)
+        return SessionClosed(self._job, status.get("reason") or status.get("state", "ended"))
+
+
+def _session_line(driver: Any, timeout_s: float) -> Line | None:
+    """The session driver's node socket, where this process is on its node, else None."""
+    import ray
+
+    try:
+        found = ray.get(driver.endpoint.remote(), timeout=timeout_s)
+    except Exception:  # a dying driver: the actor path tells what became of it
+        return None
+    if found is None or found[0] != ray.get_runtime_context().get_node_id():
+        return None
+    return Line(found[1])
 
 
 def _check_budget(device_seconds: float | None) -> None:

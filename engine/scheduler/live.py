@@ -27,7 +27,6 @@ import contextlib
 import logging
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -36,7 +35,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from engine.api import ROLLOUT_FUNCTIONS, Request
 from engine.errors import EngineFault, fault_reason, is_engine_fault
 from engine.scheduler.core import STEP, Dispatch, Policy, Prefetch, Scheduler
-from engine.support.wire import frame, listen_private, read_frame
+from engine.support.wire import frame, listen_on_node, read_frame, sendable_error
 from engine.workers.group import BULKY
 
 _log = logging.getLogger(__name__)
@@ -126,10 +125,8 @@ class SchedulerService:
 
             folder = default_host_dir().parent  # this user's folder on the node
             try:
-                folder.mkdir(parents=True, exist_ok=True)
-                _remove_stale_sockets(folder)
-                path = str(folder / f"scheduler-{os.getpid()}.sock")
-                self._server = await asyncio.start_unix_server(self._serve, sock=listen_private(path))
+                sock, path = listen_on_node(folder, "scheduler")
+                self._server = await asyncio.start_unix_server(self._serve, sock=sock)
                 self._endpoint = (ray.get_runtime_context().get_node_id(), path)
             except OSError as exc:  # e.g. a path over the 107 bytes a Unix socket may have
                 _log.warning("scheduler: no node socket (%s); routers use the actor", exc)
@@ -164,7 +161,7 @@ class SchedulerService:
                 value = await value[0]  # the rank's reference: the socket carries the value
             reply = frame((call_id, True, (value, usage)))
         except Exception as exc:  # the router raises it from the call's future
-            reply = _failure_frame(call_id, exc)
+            reply = frame((call_id, False, sendable_error(exc)))
         if writer.is_closing():
             return
         writer.write(reply)  # one frame per write, on one event loop: frames never interleave
@@ -380,25 +377,3 @@ async def _outcome(ref) -> Any:
         return await ref
     except Exception as exc:
         return exc
-
-
-def _failure_frame(call_id: int, exc: Exception) -> bytes:
-    """A failed call's answer: the exception itself where it pickles (a rank's error comes as
-    Ray's ``RayTaskError`` subclass of it, made at run time, which does not), else an error of
-    the same class, or a ``RuntimeError``, with its message."""
-    for error in (exc, getattr(exc, "cause", None)):
-        if isinstance(error, Exception):
-            with contextlib.suppress(Exception):
-                return frame((call_id, False, error))
-    return frame((call_id, False, RuntimeError(f"{type(exc).__name__}: {exc}")))
-
-
-def _remove_stale_sockets(folder: Path) -> None:
-    """Scheduler sockets whose process is gone (killed before ``close``)."""
-    for sock in folder.glob("scheduler-*.sock"):
-        try:
-            os.kill(int(sock.stem.removeprefix("scheduler-")), 0)
-        except ProcessLookupError:
-            sock.unlink(missing_ok=True)
-        except (ValueError, PermissionError):
-            continue

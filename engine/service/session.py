@@ -13,10 +13,19 @@ when the tenant closes it, or when no call has come for ``idle_s`` (its states a
 and its billing stops, like any ended job's); a call after that answers ``SessionClosed``.
 A session whose engine part dies is not restarted (its loop is the tenant's, holding state no
 checkpoint has): it fails with the reason, and the tenant opens another from a checkpoint.
+
+Calls come through the actor, or from a process of the driver's node (the web server's session
+views, ``engine.control.EngineClient``) over its node socket (``endpoint``): the same ``call`` and
+``result``, without Ray's hop both ways, a millisecond or more each on a small node, which a loop
+of small calls pays on every one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import socket
 import threading
 import time
 from collections import OrderedDict
@@ -32,7 +41,10 @@ from engine.service.driver import driver_memory
 from engine.service.eventlog import EventLog
 from engine.service.session_calls import decode, encode
 from engine.spec import JobSpec
+from engine.support import wire
 from engine.workers.group import WorkerGroup
+
+_log = logging.getLogger(__name__)
 
 PIPELINE = 32  # calls of one session in the driver at once (more wait in Ray's queue)
 ORDER_WAIT_S = 300.0  # how long a call waits for the calls numbered before it to arrive
@@ -57,6 +69,10 @@ class SessionDriver:
         self.answers: OrderedDict[int, tuple[bool, Any]] = OrderedDict()  # number -> (ok, answer or error)
         self.ended: str | None = None  # why the session ended (None: open)
         self.fault: BaseException | None = None
+        self._endpoint: tuple[str, str] | None = None  # (node id, path) of its node socket, once opened
+        self._listener: socket.socket | None = None
+        self._socket_tried = False
+        self.socket_calls = 0  # calls and result fetches that came over the node socket
 
     def note(self, kind: str, data: dict[str, Any]) -> int:
         """Append an event the engine service asks for (pause, resume), as a job's driver does."""
@@ -64,6 +80,10 @@ class SessionDriver:
 
     def memory(self) -> dict[str, Any]:
         return driver_memory()
+
+    def stats(self) -> dict[str, int]:
+        """Calls answered, and exchanges that came over the node socket (tests and benchmarks)."""
+        return {"calls": self.calls, "socket_calls": self.socket_calls}
 
     def run(self) -> dict[str, Any]:
         """Until the tenant closes the session, it idles past ``idle_s``, or a fault ends it."""
@@ -76,12 +96,73 @@ class SessionDriver:
                     break
                 self.cv.wait(timeout=1.0 if self.in_flight else max(0.05, self.idle_s - idle))
             self.cv.notify_all()  # calls waiting for their turn learn that the session ended
+        self._close_socket()
         if self.fault is not None:  # the engine service fails the session with it
             raise EngineFault(f"{type(self.fault).__name__}: {self.fault}")
         summary = {"calls": self.calls, "closed": self.ended}
         self.events.append("state", {"state": "succeeded", "reason": self.ended}, durable=True)
         self.events.append("summary", summary, durable=True)
         return summary
+
+    def endpoint(self) -> tuple[str, str] | None:
+        """(node id, path) of the Unix socket on which processes of this node make the session's
+        calls (``call`` and ``result``); None when there is none (the actor serves them all).
+        Opened on the first ask."""
+        from engine.state.store import default_host_dir
+
+        with self.cv:
+            if not self._socket_tried and self.ended is None:
+                self._socket_tried = True
+                try:
+                    self._listener, path = wire.listen_on_node(default_host_dir().parent, "session")
+                except OSError as exc:  # e.g. a path over the 107 bytes a Unix socket may have
+                    _log.warning("session %s: no node socket (%s); calls come through the actor", self.job_id, exc)
+                else:
+                    self._endpoint = (ray.get_runtime_context().get_node_id(), path)
+                    threading.Thread(target=self._accept, args=(self._listener,), name="session-socket",
+                                     daemon=True).start()
+            return self._endpoint
+
+    def _accept(self, listener: socket.socket) -> None:
+        with contextlib.suppress(OSError):  # closed when the session ends
+            while True:
+                connection, _ = listener.accept()
+                threading.Thread(target=self._serve, args=(connection,), name="session-socket-caller",
+                                 daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        """One caller's connection: ``(method, args)`` frames, ``call`` or ``result``, each answered
+        with ``(ok, value or error)`` once it has run, one at a time. A caller that stopped waiting
+        closes its connection; the call's answer is kept for ``result`` all the same."""
+        with connection:
+            while True:
+                try:
+                    method, args = wire.recv(connection)
+                except Exception:  # closed by the caller, or a frame that did not unpickle
+                    return
+                self.socket_calls += 1
+                try:
+                    if method not in ("call", "result"):
+                        raise ValueError(f"a session's socket makes calls and fetches results, not {method!r}")
+                    reply = (True, getattr(self, method)(*args))
+                except Exception as exc:
+                    reply = (False, wire.sendable_error(exc))
+                try:
+                    wire.send(connection, reply)
+                except OSError:
+                    return
+
+    def _close_socket(self) -> None:
+        with self.cv:
+            listener, self._listener = self._listener, None
+            endpoint, self._endpoint = self._endpoint, None
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # the accepting thread wakes up and ends
+            listener.close()
+        if endpoint is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(endpoint[1])
 
     def close(self, reason: str = "closed by the tenant") -> dict[str, Any]:
         """End the session once the calls already submitted are answered."""

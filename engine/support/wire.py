@@ -13,6 +13,8 @@ import os
 import pickle
 import socket
 import struct
+import threading
+from pathlib import Path
 from typing import Any
 
 HEADER = struct.Struct("<Q")
@@ -71,6 +73,34 @@ def listen_private(path: str) -> socket.socket:
     return sock
 
 
+def listen_on_node(folder: Path, kind: str) -> tuple[socket.socket, str]:
+    """A private listening socket of this process in ``folder`` (this user's folder on the node),
+    named ``{kind}-{pid}.sock``, and its path; the sockets of ``kind`` whose process is gone (killed
+    before it could remove its own) are removed first. Raises OSError (e.g. a path too long)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob(f"{kind}-*.sock"):
+        try:
+            os.kill(int(stale.stem.removeprefix(f"{kind}-")), 0)
+        except ProcessLookupError:
+            stale.unlink(missing_ok=True)
+        except (ValueError, PermissionError):
+            continue
+    path = str(folder / f"{kind}-{os.getpid()}.sock")
+    return listen_private(path), path
+
+
+def sendable_error(exc: BaseException) -> Exception:
+    """``exc`` as a failed call's answer carries it: itself where it pickles (a rank's error comes
+    as Ray's ``RayTaskError`` subclass of it, made at run time, which does not), else its cause, or
+    a ``RuntimeError`` with its class and message."""
+    for error in (exc, getattr(exc, "cause", None)):
+        if isinstance(error, Exception):
+            with contextlib.suppress(Exception):
+                pickle.dumps(error, protocol=pickle.HIGHEST_PROTOCOL)
+                return error
+    return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
 def connect(path: str) -> socket.socket:
     """A connection to the socket at ``path``; ``Closed`` if nothing listens there."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -80,3 +110,59 @@ def connect(path: str) -> socket.socket:
         sock.close()
         raise Closed(f"cannot reach {path}: {exc}") from exc
     return sock
+
+
+class Line:
+    """Request-and-answer exchanges with the server of a node socket, one at a time on each of its
+    connections: ``send`` puts a request on a connection of its own (an idle one, else a new one),
+    ``answer`` reads that connection's answer and keeps it for the next request. So several
+    exchanges may be in flight at once, from any threads, each on its connection."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._idle: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def send(self, request: Any) -> socket.socket:
+        """The connection ``request`` went out on; ``Closed`` (nothing was sent) when the server
+        cannot be reached. A kept connection that broke meanwhile is replaced once."""
+        data = frame(request)
+        with self._lock:
+            kept = self._idle.pop() if self._idle else None
+        if kept is not None:
+            try:
+                kept.sendall(data)
+                return kept
+            except OSError:
+                kept.close()
+        sock = connect(self.path)
+        try:
+            sock.sendall(data)
+        except OSError as exc:
+            sock.close()
+            raise Closed(f"cannot send to {self.path}: {exc}") from exc
+        return sock
+
+    def answer(self, sock: socket.socket, timeout: float | None = None) -> Any:
+        """The answer on ``sock`` (``send``'s connection). TimeoutError: none within ``timeout``
+        seconds (the connection is dropped: its answer may still come); ``Closed``: the
+        connection broke first."""
+        sock.settimeout(timeout)
+        try:
+            answer = recv(sock)
+        except TimeoutError:
+            sock.close()
+            raise
+        except Exception as exc:  # broken, or an answer that did not unpickle: the connection is done
+            sock.close()
+            raise Closed(f"the connection to {self.path} broke: {exc}") from exc
+        sock.settimeout(None)
+        with self._lock:
+            self._idle.append(sock)
+        return answer
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()

@@ -11,9 +11,8 @@ import ray
 import torch
 
 from engine.client import Batch, OptimizerConfig, SamplingParams
-from engine.scheduler.live import _remove_stale_sockets
 from engine.scheduler.router import Router, _open_scheduler_socket
-from engine.support.wire import Closed
+from engine.support.wire import Closed, listen_on_node
 
 GREEDY = SamplingParams(n=1, temperature=0.0, max_tokens=4)
 
@@ -84,11 +83,14 @@ def test_stale_scheduler_sockets_are_removed(tmp_path):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                           check=True)
     dead = tmp_path / f"scheduler-{int(gone.stdout)}.sock"
-    alive = tmp_path / f"scheduler-{os.getpid()}.sock"
+    alive = tmp_path / f"scheduler-{os.getppid()}.sock"  # another process's, still running
     other = tmp_path / "local-123.sock"  # a StateManager's: not the scheduler's to remove
     for path in (dead, alive, other):
         path.touch()
-    _remove_stale_sockets(tmp_path)
+    sock, path = listen_on_node(tmp_path, "scheduler")
+    sock.close()
+    assert path == str(tmp_path / f"scheduler-{os.getpid()}.sock")
+    assert os.stat(path).st_mode & 0o777 == 0o600
     assert not dead.exists()
     assert alive.exists()
     assert other.exists()

@@ -308,6 +308,52 @@ def test_a_session_takes_calls_in_their_numbers_order_and_refuses_bad_ones_at_on
     assert_released("svc-sess-calls")  # its states leave the groups
 
 
+def test_a_sessions_calls_from_its_drivers_node_go_over_its_socket_else_through_the_actor(engine):
+    job = "svc-sess-socket"
+    engine.submit_job(job, SESSION)
+    engine.session_call(job, 1, "create_model", {"role": "policy", "trainable": True})
+    line, driver = engine._session_lines[job], engine._sessions[job]
+    assert line is not None  # this process is on the driver's node
+    assert ray.get(driver.stats.remote())["socket_calls"] == 1
+
+    def logged(seq: int) -> dict:
+        return engine.session_call(job, seq, "log_metrics", {"step": seq, "values": {"reward": 1.0}})
+
+    # a call waiting for its turn whose caller stops waiting goes on; its answer is fetched later
+    later = engine.session_submit(job, 3, "log_metrics", {"step": 3, "values": {"reward": 1.0}})
+    with pytest.raises(TimeoutError):
+        later.answer(0.3)
+    assert logged(2) == {"step": 2}
+    assert engine.session_result(job, 3, 30)["result"] == {"step": 3}
+    assert later.answer(30)["result"] == {"step": 3}  # asked again: the driver keeps it
+    with pytest.raises(SpecError) as info:  # an error crosses as itself
+        engine.session_call(job, 4, "generate", {"prompts": "3 4 5"})
+    assert info.value.field == "prompts"
+    over_socket = ray.get(driver.stats.remote())["socket_calls"]
+    assert over_socket == 6
+    # the socket gone: the calls go through the actor, with the same answers
+    line.close()
+    line.path = "/nonexistent/session.sock"
+    assert logged(5) == {"step": 5}
+    assert engine._session_lines[job] is None
+    closed = engine.session_call(job, 6, "close", {})
+    assert closed == {"closed": "closed by the tenant", "calls": 4}  # the refused one (4) ran nothing
+    assert ray.get(driver.stats.remote())["socket_calls"] == over_socket
+    events = wait_for(engine, job, finished)
+    assert metrics(events) == [{"step": step, "reward": 1.0} for step in (2, 3, 5)]
+
+
+def test_a_session_driver_on_another_node_is_called_through_its_actor(ray_engine):
+    from engine.control import _session_line
+
+    @ray.remote(num_cpus=0)
+    class Elsewhere:
+        def endpoint(self):
+            return ("another-node", "/nonexistent/session.sock")
+
+    assert _session_line(Elsewhere.remote(), 30.0) is None
+
+
 def test_an_idle_session_is_closed_its_states_dropped_and_its_billing_stopped(engine):
     engine.submit_job("svc-sess-idle", SESSION)
     engine.session_call("svc-sess-idle", 1, "create_model", {"role": "policy", "trainable": True})
