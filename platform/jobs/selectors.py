@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.db import connections
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.http import Http404
 from django.shortcuts import get_object_or_404
 
 from accounts.models import Membership, Organization, Role
+from accounts.sql import ModelColumns, fetch_one
 from jobs.models import ACTIVE_STATES, Job, JobEvent, JobMetric
 
 
@@ -35,10 +38,25 @@ def job_get(*, organization: Organization, pk: int) -> Job:
     return get_object_or_404(jobs, pk=pk)
 
 
+_JOB = ModelColumns(Job, "j")  # the job read's columns (``job_row``)
+_job_sql: dict[str, str] = {}  # {database vendor: the job read's SQL}
+
+
 def job_row(*, organization: Organization, pk: int) -> Job:
     """One of the organization's jobs, its own columns only: the parent a request for its metrics,
-    events, artifacts or an action checks (no annotations to compile and join); 404 for any other."""
-    return get_object_or_404(Job.objects.filter(organization=organization), pk=pk)
+    events, artifacts or an action checks (no annotations to compile and join); 404 for any other.
+    Each of a session's calls reads it (``jobs.session_views``), so it is fixed SQL (``accounts.sql``)."""
+    connection = connections["default"]
+    sql = _job_sql.get(connection.vendor)
+    if sql is None:  # table and column names from the model, quoted; the ids are parameters
+        table = connection.ops.quote_name(Job._meta.db_table)
+        sql = _job_sql[connection.vendor] = (
+            f"SELECT {_JOB.sql(connection)} FROM {table} j WHERE j.id = %s AND j.organization_id = %s"  # noqa: S608
+        )
+    row = fetch_one(sql, [int(pk), organization.pk])
+    if row is None:
+        raise Http404(f"No {Job._meta.object_name} matches the given query.")
+    return _JOB.instance(row, connection)
 
 
 def active_jobs_count(*, organization: Organization) -> int:

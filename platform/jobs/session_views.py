@@ -19,14 +19,25 @@ what the request is for. A waiting request holds a worker thread of the web serv
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from django.http import Http404, HttpRequest, HttpResponse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers, status
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from accounts.api import OrgGenericAPIView, PayloadTooLarge, StrictFieldsMixin, role_map
+from accounts.api import (
+    OrgGenericAPIView,
+    PayloadTooLarge,
+    StrictFieldsMixin,
+    exception_handler,
+    role_map,
+    token_membership,
+)
+from accounts.authentication import BearerTokenAuthentication
 from accounts.models import Priority, Role
 from engine.control import SESSION_CALLS
 from engine.errors import SessionClosed, SessionPending, SpecError, TooLarge
@@ -77,24 +88,39 @@ class SessionAnswerSerializer(serializers.Serializer):
                                        "and back.")
 
 
-def _answer(seq: int, ask) -> Response:
-    """Run ``ask()`` (the engine's answer of call ``seq``) into a response: 200 with its result,
-    202 while it runs, the engine's refusals as 400, 409 and 413."""
+def _refusal(seq: int, exc: Exception) -> exceptions.APIException | None:
+    """The API error that the engine's refusal ``exc`` of call ``seq`` answers: 400, 409, 413 or
+    503 (None: ``exc`` is no refusal). The engine's errors come through Ray: their fields, not
+    their text."""
+    if isinstance(exc, SessionPending):  # nothing was sent: the same call again, later
+        return ServiceUnavailable("the session is not placed yet: send the same call again")
+    if isinstance(exc, TooLarge):
+        return PayloadTooLarge({"detail": exc.message, "field": exc.field, "limit": exc.limit})
+    if isinstance(exc, SpecError):
+        return exceptions.ValidationError({exc.field: [exc.message]})
+    if isinstance(exc, SessionClosed):
+        return Conflict(f"the session is closed: {exc.why}")
+    if isinstance(exc, LookupError):  # an answer the engine no longer keeps
+        return Conflict(f"call {seq}'s answer is no longer kept")
+    return None
+
+
+def _json(data: Any, status_code: int = status.HTTP_200_OK) -> HttpResponse:
+    return HttpResponse(JSONRenderer().render(data), content_type="application/json", status=status_code)
+
+
+def _answer(seq: int, ask) -> HttpResponse:
+    """The response ``ask()`` (the engine's answer of call ``seq``) makes: 200 with its result
+    and ``engine_ms``, 202 while it runs, the engine's refusals (``_refusal``); any other error as
+    the API's handler answers it (500, logged)."""
     try:
         answer = ask()
-    except SessionPending:  # nothing was sent: the same call again, later
-        raise ServiceUnavailable("the session is not placed yet: send the same call again") from None
     except TimeoutError:
-        return Response({"seq": seq, "state": "running"}, status=status.HTTP_202_ACCEPTED)
-    except TooLarge as exc:
-        raise PayloadTooLarge({"detail": exc.message, "field": exc.field, "limit": exc.limit}) from None
-    except SpecError as exc:
-        raise exceptions.ValidationError({exc.field: [exc.message]}) from None
-    except SessionClosed as exc:  # (the engine's errors come through Ray: their fields, not their text)
-        raise Conflict(f"the session is closed: {exc.why}") from None
-    except LookupError:  # an answer the engine no longer keeps
-        raise Conflict(f"call {seq}'s answer is no longer kept") from None
-    return Response({"seq": seq, "state": "done", "result": answer["result"], "engine_ms": answer["engine_ms"]})
+        return _json({"seq": seq, "state": "running"}, status.HTTP_202_ACCEPTED)
+    except Exception as exc:
+        answered = exception_handler(_refusal(seq, exc) or exc, {})
+        return _json(answered.data, answered.status_code)
+    return _json({"seq": seq, "state": "done", "result": answer["result"], "engine_ms": answer["engine_ms"]})
 
 
 class ServiceUnavailable(exceptions.APIException):
@@ -124,6 +150,15 @@ class SessionOpenView(OrgGenericAPIView):
         return _detail(request, job, status.HTTP_201_CREATED)
 
 
+def closed_or_not_a_session(job: Job) -> exceptions.APIException | None:
+    """Why calls to ``job`` are refused (404: it is no session; 409: it has ended), or None."""
+    if job.spec.get("algorithm") != SESSION:
+        return exceptions.NotFound(f"job {job.pk} is not a session")
+    if job.state in TERMINAL_STATES:
+        return Conflict(f"session {job.pk} is closed: {job.state_reason or job.state}")
+    return None
+
+
 class SessionView(JobView):
     """A session of the organization (404 for another's, and for a job that is not a session);
     calls are actions: members make them on their own sessions, admins and owners on anyone's."""
@@ -133,10 +168,9 @@ class SessionView(JobView):
 
     def session(self) -> Job:
         job = self.get_acted_on()
-        if job.spec.get("algorithm") != SESSION:
-            raise exceptions.NotFound(f"job {job.pk} is not a session")
-        if job.state in TERMINAL_STATES:
-            raise Conflict(f"session {job.pk} is closed: {job.state_reason or job.state}")
+        refusal = closed_or_not_a_session(job)
+        if refusal is not None:
+            raise refusal
         return job
 
 
@@ -148,7 +182,7 @@ class SessionCallsView(SessionView):
 
     @extend_schema(summary="Call a session's function API", request=SessionCallSerializer,
                    responses={200: SessionAnswerSerializer, 202: SessionAnswerSerializer, 409: CONFLICT_CLOSED})
-    def post(self, request: Request, session_id: int) -> Response:
+    def post(self, request: Request, session_id: int) -> HttpResponse:
         job = self.session()
         body = SessionCallSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -166,9 +200,93 @@ class SessionCallAnswerView(SessionView):
 
     @extend_schema(summary="Wait for a session call's answer", parameters=[SessionWaitSerializer],
                    responses={200: SessionAnswerSerializer, 202: SessionAnswerSerializer, 409: CONFLICT_CLOSED})
-    def get(self, request: Request, session_id: int, seq: int) -> Response:
+    def get(self, request: Request, session_id: int, seq: int) -> HttpResponse:
         job = self.session()
         query = SessionWaitSerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         return _answer(seq, lambda: engine().session_result(job.engine_id, seq, query.validated_data["wait"]))
 
+
+
+# --- the same two calls, without the framework around them ---------------------------------------
+#
+# A loop's calls are many and small: most of what one cost the web server beyond the engine's
+# part was DRF around it (its request, authentication, permission and rendering layers) and the
+# ORM compiling the session's read. So the URLs of the two views above lead to plain Django views
+# (``session_calls``, ``session_call_answer``) that answer the common request themselves: a bearer
+# token of a member who may call this open session, with well-formed input. They make the DRF
+# views' own checks (the token's authentication, membership and role, ``selectors.job_row``,
+# ``may_act_on``, ``closed_or_not_a_session``) and input serializers and answer with the same
+# ``_answer``. Any other request (a browser's session, a refused one, bad input) goes to the DRF
+# view, which answers it as it always has, with its reason. The schema and the role table read
+# the DRF views (``callback.cls``).
+
+
+def _admitted(request: HttpRequest, view: type[SessionView], session_id: int) -> str | None:
+    """The session's engine id where the DRF ``view`` would take this request to the engine,
+    else None."""
+    parts = request.headers.get("Authorization", "").split()
+    if len(parts) != 2 or parts[0].lower() != BearerTokenAuthentication.keyword.lower() or not parts[1].isascii():
+        return None
+    try:
+        user, token = BearerTokenAuthentication().authenticate_token(parts[1])
+        membership = token_membership(user=user, token=token)
+        job = selectors.job_row(organization=membership.organization, pk=session_id)
+    except (exceptions.AuthenticationFailed, Http404):
+        return None
+    if (not membership.has_role(view.required_roles[request.method])
+            or not selectors.may_act_on(membership=membership, job=job)
+            or closed_or_not_a_session(job) is not None):
+        return None
+    return job.engine_id
+
+
+def _valid(serializer: type[serializers.Serializer], data: Any) -> dict[str, Any] | None:
+    body = serializer(data=data)
+    return body.validated_data if body.is_valid() else None
+
+
+def _call_of(request: HttpRequest) -> dict[str, Any] | None:
+    """A POST's call, where its body is JSON that ``SessionCallSerializer`` accepts."""
+    if request.method != "POST" or request.content_type != "application/json":
+        return None
+    try:
+        data = json.loads(request.body)
+    except ValueError:
+        return None
+    return _valid(SessionCallSerializer, data)
+
+
+def _documented_as(view: type[SessionView]):
+    """Mark a plain view as serving ``view``'s URL, with the attributes DRF's ``as_view`` gives
+    its views (``cls``, ``view_class``): the schema, the role table and the tenancy check read
+    ``view``; CSRF is ``view``'s affair. ``reference`` is ``view`` itself, for the requests it answers."""
+
+    def mark(serve):
+        serve.cls = serve.view_class = view
+        serve.initkwargs, serve.view_initkwargs = {}, {}
+        serve.csrf_exempt, serve.reference = True, view.as_view()
+        return serve
+
+    return mark
+
+
+@_documented_as(SessionCallsView)
+def session_calls(request: HttpRequest, session_id: int) -> HttpResponse:
+    """``POST sessions/{id}/calls/`` (``SessionCallsView``)."""
+    call = _call_of(request)
+    session = call and _admitted(request, SessionCallsView, session_id)
+    if not session:
+        return session_calls.reference(request, session_id=session_id)
+    return _answer(call["seq"], lambda: engine().session_submit(
+        session, call["seq"], call["fn"], call["args"], wait_s=QUEUED_WAIT_S).answer(call["wait"]))
+
+
+@_documented_as(SessionCallAnswerView)
+def session_call_answer(request: HttpRequest, session_id: int, seq: int) -> HttpResponse:
+    """``GET sessions/{id}/calls/{seq}/`` (``SessionCallAnswerView``)."""
+    query = _valid(SessionWaitSerializer, request.GET) if request.method == "GET" else None
+    session = query is not None and _admitted(request, SessionCallAnswerView, session_id)
+    if not session:
+        return session_call_answer.reference(request, session_id=session_id, seq=seq)
+    return _answer(seq, lambda: engine().session_result(session, seq, query["wait"]))

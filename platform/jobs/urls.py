@@ -36,7 +36,6 @@ urlpatterns += [
 # Sessions: a tenant's own loop calling the function API (jobs.session_views).
 urlpatterns += [
     path("sessions/", session_views.SessionOpenView.as_view(), name="sessions"),
-    path("sessions/<int:session_id>/calls/", session_views.SessionCallsView.as_view(), name="session-calls"),
-    path("sessions/<int:session_id>/calls/<int:seq>/", session_views.SessionCallAnswerView.as_view(),
-         name="session-call"),
+    path("sessions/<int:session_id>/calls/", session_views.session_calls, name="session-calls"),
+    path("sessions/<int:session_id>/calls/<int:seq>/", session_views.session_call_answer, name="session-call"),
 ]
