@@ -91,7 +91,7 @@ class Session:
         self._next = next_seq
         self._sender = ThreadPoolExecutor(1, thread_name_prefix=f"plexrl-session-{self.id}-send")  # in order
         self._waiters = ThreadPoolExecutor(16, thread_name_prefix=f"plexrl-session-{self.id}-wait")
-        self._blocking = threading.local()  # .wait: how long the calling thread's request waits
+        self._blocking = threading.local()  # .now: the calling thread waits for its call's answer
         self.timings: deque[CallTiming] = deque(maxlen=TIMINGS_KEPT)  # the last calls' times, oldest first
 
     # -- transport -------------------------------------------------------------------------
@@ -106,33 +106,39 @@ class Session:
                     raise
                 time.sleep(PENDING_RETRY_S)
 
-    def _finish(self, seq: int, fn: str, called: float, posted: Future, decode) -> Any:
-        answer = posted.result()
+    def _finish(self, seq: int, fn: str, called: float, answer: dict[str, Any], decode) -> Any:
         while answer["state"] != "done":
             answer = self.client._json("GET", f"sessions/{self.id}/calls/{seq}/", query={"wait": WAIT_S})
         self.timings.append(CallTiming(seq, fn, time.perf_counter() - called, answer["engine_ms"] / 1e3))
         return decode(answer["result"])
 
     def _call(self, fn: str, args: dict[str, Any], decode=lambda result: result) -> Future:
-        """Number the call and send it (in number order, from one thread); the future of its result.
-        Made by a blocking method (``_sync``), the request waits for the answer (one round trip);
-        made by an ``_async`` one, it returns at once and the answer is long-polled for, so the
-        next call can be sent meanwhile."""
-        wait = getattr(self._blocking, "wait", 0.0)
+        """Number the call and send it; the future of its result. Made by an ``_async`` method, it
+        is sent by the session's one sending thread (in number order) and returns at once, its
+        answer long-polled for by another thread, so the next call can be sent meanwhile. Made by
+        a blocking method (``_sync``), this thread sends it and its request waits for the answer:
+        one round trip, and no hand-off between threads on the way."""
         called = time.perf_counter()
         with self._lock:
             seq = self._next
             self._next += 1
-            posted = self._sender.submit(self._post, seq, fn, args, wait)
-        return self._waiters.submit(self._finish, seq, fn, called, posted, decode)
+            if not getattr(self._blocking, "now", False):
+                posted = self._sender.submit(self._post, seq, fn, args, 0.0)
+                return self._waiters.submit(lambda: self._finish(seq, fn, called, posted.result(), decode))
+        answered: Future = Future()
+        try:
+            answered.set_result(self._finish(seq, fn, called, self._post(seq, fn, args, WAIT_S), decode))
+        except Exception as exc:
+            answered.set_exception(exc)
+        return answered
 
     def _sync(self, make_call, *args: Any, **kwargs: Any) -> Any:
-        """``make_call(*args, **kwargs).result()``, its request waiting for the answer."""
-        self._blocking.wait = WAIT_S
+        """``make_call(*args, **kwargs).result()``, made in this thread, its request waiting for the answer."""
+        self._blocking.now = True
         try:
             future = make_call(*args, **kwargs)
         finally:
-            self._blocking.wait = 0.0
+            self._blocking.now = False
         return future.result()
 
     def _now(self, fn: str, args: dict[str, Any], decode=lambda result: result) -> Any:
