@@ -243,7 +243,8 @@ class AuditLog(models.Model):
 
     ``action`` is ``<noun>.<verb>``: organization.created, member.added, member.removed,
     member.role_changed, token.created, token.revoked, plan.assigned, plan.changed (the jobs app
-    adds job.*). Rows of no organization are the platform's own (plan.created, plan.changed).
+    adds job.*, the notifications app webhook.created and webhook.deleted). Rows of no organization
+    are the platform's own (plan.created, plan.changed).
     """
 
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="audit_log",

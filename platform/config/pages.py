@@ -188,6 +188,18 @@ def tokens(request: HttpRequest) -> HttpResponse:
     return _page(request, "pages/tokens.html", title="API tokens", module="tokens.js")
 
 
+@login_required
+def notifications(request: HttpRequest) -> HttpResponse:
+    """``/notifications/``: the e-mails the user gets of their own jobs; for admins and owners, the
+    organization's webhooks and each one's delivery log."""
+    from notifications.models import JobEvent
+
+    _, membership = _current(request)
+    return _page(request, "pages/notifications.html", title="Notifications", module="notifications.js",
+                 events=[{"value": v, "label": label} for v, label in JobEvent.choices],
+                 manages_webhooks=bool(membership and membership.has_role(Role.ADMIN)))
+
+
 app_name = "pages"
 
 urlpatterns = [
@@ -200,4 +212,5 @@ urlpatterns = [
     path("staff/savings/", staff_savings, name="staff-savings"),
     path("library/", library, name="library"),
     path("tokens/", tokens, name="tokens"),
+    path("notifications/", notifications, name="notifications"),
 ]

@@ -104,6 +104,7 @@ INSTALLED_APPS = [
     "accounts",
     "jobs",
     "billing",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -275,7 +276,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     # one schema name for a choice set used under several field names (a job's priority, a plan's max)
-    "ENUM_NAME_OVERRIDES": {"PriorityEnum": "accounts.models.Priority"},
+    "ENUM_NAME_OVERRIDES": {"PriorityEnum": "accounts.models.Priority",
+                            "JobStateEnum": "jobs.models.JobState",
+                            "DeliveryStateEnum": "notifications.models.DeliveryState"},
 }
 
 # django.contrib.auth's login, logout and password change/reset pages live under /accounts/.
@@ -306,6 +309,8 @@ CELERY_BEAT_SCHEDULE = {
     "enforce-quotas": {"task": "billing.tasks.enforce_quotas", "schedule": 30.0},
     # the cluster's device capacity, for the idle row of the cluster billing report
     "record-capacity": {"task": "billing.tasks.record_capacity", "schedule": BILLING_CAPACITY_PERIOD_S},
+    # webhook deliveries whose back-off is over, sent again
+    "deliver-webhooks": {"task": "notifications.tasks.deliver_due", "schedule": 15.0},
 }
 # Keep the worker's real stdout/stderr: Ray (the engine client in the worker) needs their file
 # descriptors, which Celery's logging proxies do not have.

@@ -14,6 +14,7 @@ urlpatterns = [
     path("api/v1/", include("accounts.urls")),
     path("api/v1/", include("jobs.urls")),
     path("api/v1/", include("billing.urls")),
+    path("api/v1/", include("notifications.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
     path("accounts/login/", ThrottledLoginView.as_view(), name="login"),  # before the include's own

@@ -84,6 +84,7 @@ def ingest_events(*, job: Job, events: list[dict[str, Any]]) -> int:
         job.save()
         if job.state in TERMINAL_STATES and before[0] not in TERMINAL_STATES:
             signals.send_job_ended_on_commit(job.organization_id)  # its slot frees: a queued job may start
+            signals.send_job_notable_on_commit(job.pk, f"job.{job.state}")
         _push_ingested(job, metrics=metrics, usage=usage, other=other, state_changed=_state_of(job) != before)
         return len(fresh)
 

@@ -155,6 +155,7 @@ def job_cancel(*, job: Job, actor: User | None, reason: str = "") -> Job:
         if not job.waiting_for_slot:  # one never sent has nothing to stop in the engine
             transaction.on_commit(lambda: tasks.cancel_job.delay(job.pk, job.state_reason))
         signals.send_job_ended_on_commit(job.organization_id)  # its slot, or its place in the queue, frees
+        signals.send_job_notable_on_commit(job.pk, "job.cancelled")
         broadcast.send_on_commit(broadcast.job_group(job.pk), [broadcast.job_message(job)])
     return job
 
@@ -171,6 +172,8 @@ def job_pause(*, job: Job, actor: User | None, by_quota: bool = False) -> Job:
         job.save()
         audit_record(organization=job.organization, actor=actor, action="job.paused", target=job.engine_id,
                      data={"by_quota": by_quota})
+        if by_quota:
+            signals.send_job_notable_on_commit(job.pk, "job.held")
         if job.waiting_for_slot:  # never sent: it keeps its place in the queue, skipped while paused
             slots.release_on_commit(job.organization_id, tasks.launch_job.delay)  # one behind it may go first
         else:

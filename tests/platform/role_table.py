@@ -102,6 +102,14 @@ GET    /api/v1/billing/usage/                                       200  200  20
 GET    /api/v1/billing/savings/                                     200  200  200  200  200  403  403  401  401  401
 GET    /api/v1/billing/summary/                                     200  200  200  200  200  403  403  401  401  401
 GET    /api/v1/billing/cluster/                                     403  403  403  403  403  403  200  401  401  401
+# notifications: admins and owners manage the organization's webhooks and read their delivery log;
+# everyone chooses their own e-mails
+GET    /api/v1/webhooks/                                            200  200  403  403  200  403  403  401  401  401
+POST   /api/v1/webhooks/                                            201  201  403  403  201  403  403  401  401  401
+DELETE /api/v1/webhooks/{webhook_id}/                               204  204  403  403  404  403  403  401  401  401
+GET    /api/v1/webhooks/{webhook_id}/deliveries/                    200  200  403  403  404  403  403  401  401  401
+GET    /api/v1/notifications/email/                                 200  200  200  200  200  403  403  401  401  401
+PUT    /api/v1/notifications/email/                                 200  200  200  200  200  403  403  401  401  401
 # websockets: closed with 4401 (no or ended credentials), 4403 (no organization), 4404 (not yours)
 WS     /ws/jobs/{job_id}/                                           open open open open 4404 4404 4404 4401 4401 4401
 WS     /ws/cluster/                                                 open open open open open 4403 open 4401 4401 4401

@@ -21,6 +21,7 @@ PAGES = {
     "/billing/": "js/billing.js",
     "/tokens/": "js/tokens.js",
     "/library/": "js/library.js",
+    "/notifications/": "js/notifications.js",
 }
 
 
@@ -274,3 +275,11 @@ def test_a_job_page_shows_its_lineage_and_continue_links_and_the_form_continues(
     assert re.search(r'<select id="f-model"[^>]* disabled>', html)
     theirs = session_client(other_tenant.member).get(f"/jobs/new/?continue_from={parent.pk}")
     assert theirs.status_code == 404
+
+
+@pytest.mark.django_db
+def test_the_notifications_page_shows_the_webhooks_to_admins_and_owners_only(tenant, session_client):
+    for role, manages in (("owner", True), ("admin", True), ("member", False), ("viewer", False)):
+        data = page_data(session_client(tenant.user(role)).get("/notifications/"))
+        assert data["manages_webhooks"] is manages, role
+        assert [e["value"] for e in data["events"]] == ["job.succeeded", "job.failed", "job.cancelled", "job.held"]

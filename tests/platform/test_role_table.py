@@ -42,6 +42,8 @@ from config.asgi import application
 from config.routing import websocket_urlpatterns
 from jobs.ingest import ingest_events
 from jobs.models import Dataset, Job, JobEvent, JobState, RegisteredModel
+from notifications.models import Webhook
+from notifications.services import webhook_create
 from tests.modelfiles import build_tiny_model
 from tests.platform.builders import SPEC, jsonl, make_dataset, streamed_body, usage_event
 from tests.platform.factories import PASSWORD, MembershipFactory, PlanFactory, UserFactory
@@ -50,6 +52,7 @@ from tests.platform.sockets import ORIGIN, session_cookie
 from tests.platform.tenants import Tenant, make_tenant
 
 pytestmark = pytest.mark.django_db
+HOOK_URL = "http://127.0.0.1:9/hook"  # never called: no job ends here
 
 HTTP_METHODS = ("get", "post", "put", "patch", "delete")
 WEBSOCKET_TIMEOUT = 5  # seconds for the first message of a socket; a healthy case never waits it out
@@ -156,6 +159,11 @@ class World:
         return job
 
     @cached_property
+    def webhook(self) -> Webhook:
+        return webhook_create(organization=self.acme.organization, user=self.acme.admin, url=HOOK_URL,
+                              events=["job.failed"])
+
+    @cached_property
     def dataset(self) -> Dataset:
         return make_dataset(self.acme, user=self.bystander, name="acme-data")
 
@@ -250,6 +258,7 @@ PATH_PARAMETERS: dict[str, Callable[[World], Any]] = {
     "dataset_id": lambda world: world.dataset.pk,
     "model_id": lambda world: world.model.pk,
     "plan_id": lambda world: world.acme.organization.plan_id,
+    "webhook_id": lambda world: world.webhook.pk,
 }
 
 # A valid body of each operation that takes one: (data, format).
@@ -275,6 +284,8 @@ BODIES: dict[str, Callable[[World], tuple[dict[str, Any], str]]] = {
     "POST /api/v1/plans/": lambda world: ({"name": "platinum", "max_concurrent_jobs": 5, "weight": 2.0}, "json"),
     "PATCH /api/v1/plans/{plan_id}/": lambda world: ({"max_concurrent_jobs": 5}, "json"),
     "PUT /api/v1/organizations/{organization_id}/plan/": lambda world: ({"plan": world.plan.name}, "json"),
+    "POST /api/v1/webhooks/": lambda world: ({"url": HOOK_URL, "events": ["job.failed"]}, "json"),
+    "PUT /api/v1/notifications/email/": lambda world: ({"events": ["job.failed"]}, "json"),
 }
 
 # Writes that store nothing when allowed (the rest must change the database).
@@ -308,7 +319,7 @@ def url_of(world: World, path: str) -> str:
 def database_state() -> dict[str, list[tuple]]:
     """Every row of the apps' tables (but the volatile fields): what a refused write must leave as it was."""
     state = {}
-    for label in ("accounts", "jobs", "billing"):
+    for label in ("accounts", "jobs", "billing", "notifications"):
         for model in apps.get_app_config(label).get_models():
             fields = [f.attname for f in model._meta.concrete_fields if f.name not in VOLATILE_FIELDS]
             state[model._meta.label] = list(model._base_manager.order_by("pk").values_list(*fields))

@@ -17,7 +17,9 @@ import redis
 from django.conf import settings
 
 from plexrl_client import BadRequest, Conflict, NotFound, PayloadTooLarge, ServiceClient
+from plexrl_client.webhooks import verify
 from tests.platform import live
+from tests.platform.webhook_receiver import Receiver
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
 HOMES: dict[str, Path] = {}  # a live platform's URL -> its data directory
@@ -191,6 +193,8 @@ def test_an_idle_session_is_closed_its_calls_answer_409_and_its_billing_stops(pl
     from billing.models import UsageEntry
 
     client = organization("idle", platform)
+    receiver = Receiver()  # the organization's webhook: the real worker delivers the session's end there
+    hook = client._json("POST", "webhooks/", body={"url": receiver.url, "events": ["job.succeeded"]})
     session = client.create_session("tiny-arith", rollout="torch", trainer="torch")
     session.generate(texts=["1+2="], n=2, max_tokens=2)
     answered = time.monotonic()
@@ -212,6 +216,13 @@ def test_an_idle_session_is_closed_its_calls_answer_409_and_its_billing_stops(pl
     time.sleep(2.0)
     ingested(session.id)
     assert UsageEntry.objects.filter(job_id=session.id).count() == billed  # nothing after the close
+    while not receiver.requests:
+        assert time.monotonic() - answered < SESSION_IDLE_S + 120, "the webhook was not called"
+        time.sleep(0.5)
+    receiver.stop()
+    ((headers, body),) = receiver.requests
+    assert verify(hook["secret"], headers["PlexRL-Signature"], body)
+    assert (json.loads(body)["event"], json.loads(body)["job"]["id"]) == ("job.succeeded", session.id)
 
 
 def test_the_remote_bench_measures_the_sdk_paths_overhead_and_pipelined_calls(platform):
