@@ -218,6 +218,22 @@ def add_jobs(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--artifact", default="final", help="which artifact (default: final)")
     d.set_defaults(func=cmd_jobs_download)
 
+    x = jsub.add_parser("export", parents=[common], help="a job's metrics and spec into an experiment tracker",
+                        description="Write a job's metrics (every step) and its spec to TensorBoard event files, "
+                                    "an MLflow run or a Weights & Biases run, from this machine, with the "
+                                    "tracker's own library (pip install tensorboard, mlflow-skinny or wandb).")
+    x.add_argument("job", type=int, metavar="ID")
+    to = x.add_mutually_exclusive_group(required=True)
+    to.add_argument("--tensorboard", type=Path, metavar="LOGDIR", help="event files under LOGDIR/<job name>/")
+    to.add_argument("--mlflow", metavar="TRACKING_URI", help="a run at an MLflow tracking URI (file:./mlruns, "
+                                                              "http://host:5000)")
+    to.add_argument("--wandb", metavar="PROJECT", help="a run of a Weights & Biases project")
+    x.add_argument("--experiment", default="plexrl", help="with --mlflow: the experiment (default: plexrl)")
+    x.add_argument("--wandb-mode", choices=("offline", "online"), default="offline",
+                   help="with --wandb: offline writes under --wandb-dir for `wandb sync` (default)")
+    x.add_argument("--wandb-dir", type=Path, default=Path("."), help="with --wandb: where its files go")
+    x.set_defaults(func=cmd_jobs_export)
+
     c = jsub.add_parser("cancel", parents=[common], help="cancel a job that has not finished")
     c.add_argument("job", type=int, metavar="ID")
     c.add_argument("--reason", default="", help="kept as the job's state reason")
@@ -395,6 +411,20 @@ def cmd_jobs_watch(args: argparse.Namespace) -> int:
 
 def cmd_jobs_download(args: argparse.Namespace) -> int:
     print(_client(args).download_artifact(args.job, args.out, name=args.artifact))
+    return 0
+
+
+def cmd_jobs_export(args: argparse.Namespace) -> int:
+    from plexrl_client import trackers
+
+    client = _client(args)
+    if args.tensorboard is not None:
+        print(trackers.to_tensorboard(client, args.job, args.tensorboard))
+    elif args.mlflow is not None:
+        print(f"MLflow run {trackers.to_mlflow(client, args.job, args.mlflow, experiment=args.experiment)}")
+    else:
+        run = trackers.to_wandb(client, args.job, project=args.wandb, mode=args.wandb_mode, directory=args.wandb_dir)
+        print(f"W&B run {run}")
     return 0
 
 

@@ -125,6 +125,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
                  may_act=job_selectors.may_act_on(membership=membership, job=job),
                  downloads=[{"name": name, "url": reverse("jobs:job-artifact-archive", args=[job.pk, name])}
                             for name in folders],
+                 tensorboard_url=reverse("jobs:job-tensorboard", args=[job.pk]),
                  lineage=lineage_of(job=job), continue_links=_continue_links(job, membership, folders),
                  ws_path=f"/ws/jobs/{job.pk}/")
 

@@ -66,3 +66,18 @@ async def file_stream(path: Path) -> AsyncIterator[bytes]:
     with path.open("rb") as source:  # closed when sent, or when the client goes (the generator closes)
         while chunk := await sync_to_async(source.read, thread_sensitive=False)(CHUNK_BYTES):
             yield chunk
+
+
+def tensorboard_archive(job: dict, steps: list[dict], root: str) -> bytes:
+    """``job``'s metrics (``steps``: ``{"step", "data"}`` rows) as a TensorBoard event file, zipped
+    under ``root/<run name>/`` (small: held in memory)."""
+    import tempfile
+
+    from plexrl_client.trackers import run_name, tensorboard_files
+
+    with tempfile.TemporaryDirectory(prefix="plexrl-tensorboard-") as tmp:
+        written = tensorboard_files(job, steps, Path(tmp) / run_name(job))
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.write(written, f"{root}/{run_name(job)}/{written.name}")
+        return out.getvalue()

@@ -16,6 +16,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/metrics/", views.JobMetricsView.as_view(), name="job-metrics"),
     path("jobs/<int:job_id>/events/", views.JobEventsView.as_view(), name="job-events"),
     path("jobs/<int:job_id>/artifacts/", views.JobArtifactsView.as_view(), name="job-artifacts"),
+    path("jobs/<int:job_id>/tensorboard.zip", views.JobTensorBoardView.as_view(), name="job-tensorboard"),
     path("jobs/<int:job_id>/artifacts/<slug:name>.zip", views.JobArtifactArchiveView.as_view(),
          name="job-artifact-archive"),
     path("jobs/<int:job_id>/artifacts/<slug:name>/<str:filename>", views.JobArtifactFileView.as_view(),

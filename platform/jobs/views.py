@@ -9,7 +9,7 @@ A transition the job's state does not allow, or a quota it would exceed, answers
 """
 
 from django.db.models import QuerySet
-from django.http import Http404, StreamingHttpResponse
+from django.http import Http404, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
 from django.utils.http import content_disposition_header
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, OpenApiTypes, extend_schema
@@ -21,7 +21,7 @@ from rest_framework.settings import api_settings
 from accounts.api import EmptySerializer, OrgGenericAPIView, require_role, role_map
 from accounts.models import Role
 from jobs import selectors, services
-from jobs.archives import file_stream, zip_stream
+from jobs.archives import file_stream, tensorboard_archive, zip_stream
 from jobs.models import Job
 from jobs.renderers import JSONLinesRenderer
 from jobs.serializers import (
@@ -257,6 +257,24 @@ class JobArtifactArchiveView(JobView):
             raise Http404
         root = f"job-{job.pk}-{name}"
         response = StreamingHttpResponse(zip_stream(folder, root), content_type="application/zip")
+        response["Content-Disposition"] = content_disposition_header(True, f"{root}.zip")
+        return response
+
+
+class JobTensorBoardView(JobView):
+    """``GET jobs/{id}/tensorboard.zip``: the job's metrics (and its spec, as text) as a TensorBoard
+    event file, in a ZIP archive of one folder: ``tensorboard --logdir`` it once unpacked. Written
+    by the SDK's exporter (``plexrl_client.trackers``), which ``plexrl jobs export`` runs too."""
+
+    required_roles = role_map(GET=Role.VIEWER)
+
+    @extend_schema(summary="Download the metrics as TensorBoard files", responses={(200, "application/zip"): bytes})
+    def get(self, request: Request, job_id: int) -> HttpResponse:
+        job = self.get_object()
+        root = f"job-{job.pk}-tensorboard"
+        archive = tensorboard_archive({"id": job.pk, "name": job.name, "spec": job.spec},
+                                      [{"step": m.step, "data": m.data} for m in selectors.metrics_of(job=job)], root)
+        response = HttpResponse(archive, content_type="application/zip")
         response["Content-Disposition"] = content_disposition_header(True, f"{root}.zip")
         return response
 

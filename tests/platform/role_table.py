@@ -73,6 +73,7 @@ POST   /api/v1/jobs/{job_id}/resume/                                200  200  40
 GET    /api/v1/jobs/{job_id}/metrics/                               200  200  200  200  404  403  403  401  401  401
 GET    /api/v1/jobs/{job_id}/events/                                200  200  200  200  404  403  403  401  401  401
 GET    /api/v1/jobs/{job_id}/artifacts/                             200  200  200  200  404  403  403  401  401  401
+GET    /api/v1/jobs/{job_id}/tensorboard.zip                        200  200  200  200  404  403  403  401  401  401
 GET    /api/v1/jobs/{job_id}/artifacts/{name}/{filename}            200  200  200  200  404  403  403  401  401  401
 GET    /api/v1/jobs/{job_id}/artifacts/{name}.zip                   200  200  200  200  404  403  403  401  401  401
 # sessions: members open them and call their own (this one is another member's, and has ended: an

@@ -542,3 +542,112 @@ def test_a_jobs_final_weights_download_as_one_archive_that_transformers_loads_an
     missing = acme.cli("jobs", "download", str(job.pk), "--artifact", "other", "--out", str(tmp_path / "x"))
     assert missing.returncode == 2
     assert one_error_line(missing).startswith("plexrl: error: HTTP 404")
+
+
+def test_a_jobs_metrics_and_spec_go_to_tensorboard_and_mlflow_read_back_by_their_own_readers(acme, globex, tmp_path,
+                                                                                          monkeypatch):
+    import zipfile
+
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    job_id = acme.client.submit(SPEC, name="tracked")["id"]
+    ingest(job_id, state(1, "running"), *(metrics(1 + step, step, 0.1 * step) for step in range(1, 6)),
+           state(7, "succeeded"))
+    scalars = {"reward_mean", "train_accuracy", "loss", "kl"}
+
+    def read_tensorboard(folder) -> EventAccumulator:
+        (events,) = list(folder.rglob("events.out.tfevents.*"))
+        board = EventAccumulator(str(events.parent))
+        board.Reload()
+        return board
+
+    # TensorBoard files written by the CLI, and downloaded from the platform: TensorBoard reads both
+    result = acme.cli("jobs", "export", str(job_id), "--tensorboard", str(tmp_path / "runs"))
+    assert result.returncode == 0, result.stderr
+    downloaded = tmp_path / "downloaded"
+    zipfile.ZipFile(io.BytesIO(acme.client._send(f"{acme.url}/api/v1/jobs/{job_id}/tensorboard.zip",
+                                                 token=acme.token, accept="*/*"))).extractall(downloaded)
+    for board in (read_tensorboard(tmp_path / "runs" / "tracked"), read_tensorboard(downloaded)):
+        assert set(board.Tags()["scalars"]) == scalars
+        assert [(e.step, round(e.value, 6)) for e in board.Scalars("reward_mean")] == [
+            (step, round(0.1 * step, 6)) for step in range(1, 6)]
+        assert [e.step for e in board.Scalars("kl")] == [1, 2, 3, 4, 5]
+        (spec,) = board.Tensors("spec")
+        assert json.loads(spec.tensor_proto.string_val[0]) == acme.client.job(job_id)["spec"]
+    with pytest.raises(NotFound):  # another organization's job
+        globex.client._send(f"{globex.url}/api/v1/jobs/{job_id}/tensorboard.zip", token=globex.token)
+
+    # an MLflow run in a local file store (which MLflow now asks to be allowed): its metrics by step
+    # and the spec as parameters
+    store = (tmp_path / "mlruns").as_uri()
+    refused = acme.cli("jobs", "export", str(job_id), "--mlflow", store)
+    assert refused.returncode == 1
+    assert "MLFLOW_ALLOW_FILE_STORE" in one_error_line(refused)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    result = acme.cli("jobs", "export", str(job_id), "--mlflow", store, "--experiment", "acme-rl")
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.split()[-1]
+    tracker = MlflowClient(store)
+    run = tracker.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "tracked"
+    assert tracker.get_experiment(run.info.experiment_id).name == "acme-rl"
+    assert set(run.data.metrics) == scalars
+    history = tracker.get_metric_history(run_id, "reward_mean")
+    assert sorted((m.step, round(m.value, 6)) for m in history) == [(s, round(0.1 * s, 6)) for s in range(1, 6)]
+    assert run.data.params["task"] == SPEC["task"]
+    assert run.data.params["steps"] == str(SPEC["steps"])
+    assert run.data.tags["plexrl.job_id"] == str(job_id)
+
+
+def wandb_records(path: Path) -> Iterator:
+    """The records of a W&B run file: a header, then the LevelDB log format (blocks of 32 KiB,
+    each record a 7-byte header and its payload, split across blocks), each a ``Record``."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, pos, pending = path.read_bytes(), 32768, 7, b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # the rest of a block is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pending, pos = pending + data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # a whole record, or the last part of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def test_a_jobs_metrics_and_spec_go_to_an_offline_wandb_run(acme, tmp_path):
+    job_id = acme.client.submit(SPEC, name="tracked-wandb")["id"]
+    ingest(job_id, state(1, "running"), *(metrics(1 + step, step, 0.1 * step) for step in range(1, 4)),
+           state(5, "succeeded"))
+    env = {"WANDB_SILENT": "true", "WANDB_MODE": "offline"}
+    result = subprocess.run(_argv(["jobs", "export", str(job_id), "--wandb", "acme-rl", "--wandb-dir",
+                                   str(tmp_path)]), env=acme.env() | env, capture_output=True, text=True,
+                            timeout=120, cwd=live.REPO)
+    assert result.returncode == 0, result.stderr
+    run_id = result.stdout.split()[-1]
+    (path,) = tmp_path.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")
+    history, config, names = {}, {}, []
+    for record in wandb_records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            row = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            history[row.pop("_step")] = row
+        elif kind == "run":  # its name and configuration (later ones would come as config records)
+            names.append(record.run.display_name)
+            config |= {item.key: json.loads(item.value_json) for item in record.run.config.update}
+        elif kind == "config":
+            config |= {item.key: json.loads(item.value_json) for item in record.config.update}
+    assert names[0] == "tracked-wandb"
+    assert sorted(history) == [1, 2, 3]
+    assert [round(history[step]["reward_mean"], 6) for step in (1, 2, 3)] == [0.1, 0.2, 0.3]
+    assert {"reward_mean", "train_accuracy", "loss", "kl"} <= set(history[3])
+    assert config["task"] == SPEC["task"]
+    assert config["steps"] == SPEC["steps"]

@@ -283,3 +283,12 @@ def test_the_notifications_page_shows_the_webhooks_to_admins_and_owners_only(ten
         data = page_data(session_client(tenant.user(role)).get("/notifications/"))
         assert data["manages_webhooks"] is manages, role
         assert [e["value"] for e in data["events"]] == ["job.succeeded", "job.failed", "job.cancelled", "job.held"]
+
+
+@pytest.mark.django_db
+def test_the_job_page_links_the_metrics_as_tensorboard_files(tenant, session_client):
+    job = make_job(tenant)
+    response = session_client(tenant.viewer).get(f"/jobs/{job.pk}/")
+    assert page_data(response)["tensorboard_url"] == f"/api/v1/jobs/{job.pk}/tensorboard.zip"
+    link = f'id="tensorboard-download" href="/api/v1/jobs/{job.pk}/tensorboard.zip" download'
+    assert link in response.content.decode()
