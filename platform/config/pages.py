@@ -189,6 +189,50 @@ def tokens(request: HttpRequest) -> HttpResponse:
     return _page(request, "pages/tokens.html", title="API tokens", module="tokens.js")
 
 
+COMPARE_MAX = 8  # runs one compare page overlays
+
+
+def _flat_spec(spec: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in spec.items():
+        if isinstance(value, dict):
+            out |= _flat_spec(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def spec_differences(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The spec fields (dotted, ``grpo.lr``) whose values are not the same in every run, each with
+    its value in each run (None where a run has no such field), by name."""
+    flat = [_flat_spec(spec) for spec in specs]
+    keys = sorted(set().union(*flat))
+    return [{"key": key, "values": [f.get(key) for f in flat]} for key in keys
+            if len({repr(f.get(key)) for f in flat}) > 1]
+
+
+@login_required
+def compare(request: HttpRequest) -> HttpResponse:
+    """``/compare/?jobs=3,5``: the chosen runs' metrics overlaid, one curve a run, and their specs'
+    differences as a table. Another organization's job is 404; fewer than two runs, or more than
+    ``COMPARE_MAX``, answer 400 with the reason."""
+    organization, _ = _current(request)
+    raw = [part for part in request.GET.get("jobs", "").split(",") if part.strip()]
+    if organization is None or not all(part.strip().isdigit() for part in raw):
+        ids: list[int] = []
+    else:
+        ids = list(dict.fromkeys(int(part) for part in raw))
+    if organization is not None and not 2 <= len(ids) <= COMPARE_MAX:
+        response = _page(request, "pages/compare.html", title="Compare runs", module="compare.js", runs=[],
+                         error=f"Pick 2 to {COMPARE_MAX} runs on the job list to compare them.")
+        response.status_code = 400
+        return response
+    jobs = [job_selectors.job_row(organization=organization, pk=pk) for pk in ids] if organization else []
+    return _page(request, "pages/compare.html", title="Compare runs", module="compare.js",
+                 runs=[{"id": j.pk, "name": j.name or f"job {j.pk}", "state": j.state} for j in jobs],
+                 differences=spec_differences([j.spec for j in jobs]), error="")
+
+
 @login_required
 def notifications(request: HttpRequest) -> HttpResponse:
     """``/notifications/``: the e-mails the user gets of their own jobs; for admins and owners, the
@@ -214,4 +258,5 @@ urlpatterns = [
     path("library/", library, name="library"),
     path("tokens/", tokens, name="tokens"),
     path("notifications/", notifications, name="notifications"),
+    path("compare/", compare, name="compare"),
 ]

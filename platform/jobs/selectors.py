@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.db import connections
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, FloatField, OuterRef, Q, QuerySet, Subquery
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 
@@ -17,7 +19,9 @@ from jobs.models import ACTIVE_STATES, Job, JobEvent, JobMetric
 
 def jobs_of(*, organization: Organization, state: str | None = None, search: str | None = None) -> QuerySet[Job]:
     """The organization's jobs, newest first, each annotated with ``last_step`` (its highest
-    metrics step, or None). ``state``: only jobs in that state; ``search``: a piece of the name."""
+    metrics step, or None), ``latest_reward`` and ``eval_accuracy`` (the latest step's that has
+    one, or None), its usage totals alongside (its cost). ``state``: only jobs in that state;
+    ``search``: a piece of the name."""
     jobs = Job.objects.filter(organization=organization)
     if state:
         jobs = jobs.filter(state=state)
@@ -25,8 +29,18 @@ def jobs_of(*, organization: Organization, state: str | None = None, search: str
         jobs = jobs.filter(name__icontains=search)
     # a correlated subquery on the (job, step) index, evaluated for the rows a page returns; a
     # Max() over a join would aggregate every metrics row of every job before paginating
-    last_step = JobMetric.objects.filter(job=OuterRef("pk")).order_by("-step").values("step")[:1]
-    return jobs.select_related("created_by").annotate(last_step=Subquery(last_step)).order_by("-created_at", "-id")
+    steps = JobMetric.objects.filter(job=OuterRef("pk")).order_by("-step")
+    return jobs.select_related("created_by", "usage_totals").annotate(
+        last_step=Subquery(steps.values("step")[:1]),
+        latest_reward=_latest(steps, "reward_mean"), eval_accuracy=_latest(steps, "eval_accuracy"),
+    ).order_by("-created_at", "-id")
+
+
+def _latest(steps: QuerySet[JobMetric], key: str) -> Subquery:
+    """The number ``key`` of the latest step that reported it (evaluations come every few steps)."""
+    value = Cast(KeyTextTransform(key, "data"), FloatField())
+    latest = steps.filter(data__has_key=key).annotate(value=value).values("value")[:1]
+    return Subquery(latest, output_field=FloatField())
 
 
 def job_get(*, organization: Organization, pk: int) -> Job:

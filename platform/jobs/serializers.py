@@ -107,6 +107,11 @@ class JobSerializer(ModelSerializer):
     last_step = serializers.IntegerField(
         read_only=True, allow_null=True, default=None, help_text="The highest step that reported metrics."
     )
+    latest_reward = serializers.FloatField(read_only=True, allow_null=True, default=None,
+                                           help_text="The mean reward of the latest step that reported one.")
+    eval_accuracy = serializers.FloatField(read_only=True, allow_null=True, default=None,
+                                           help_text="The held-out accuracy of the latest evaluation.")
+    device_hours = serializers.SerializerMethodField(help_text="Device-hours billed so far (null: none yet).")
 
     class Meta:
         model = Job
@@ -125,11 +130,22 @@ class JobSerializer(ModelSerializer):
             "started_at",
             "finished_at",
             "last_step",
+            "latest_reward",
+            "eval_accuracy",
+            "device_hours",
         )
         read_only_fields = fields
 
-    # the columns a list of them reads (``QuerySet.only``): the fields above, the creator's name
-    COLUMNS = (*(f for f in Meta.fields if f not in ("created_by", "last_step")), "created_by__username")
+    # the columns a list of them reads (``QuerySet.only``): the fields above, the creator's name,
+    # the billed device-seconds
+    COLUMNS = (*(f for f in Meta.fields if f not in ("created_by", "last_step", "latest_reward", "eval_accuracy",
+                                                     "device_hours")),
+               "created_by__username", "usage_totals__device_seconds")
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_device_hours(self, job: Job) -> float | None:
+        totals = getattr(job, "usage_totals", None) if hasattr(job, "_state") else None
+        return None if totals is None else totals.device_seconds / 3600.0
 
 
 class LineageJobSerializer(serializers.Serializer):

@@ -58,7 +58,8 @@ def test_create_a_job(tenant, token_client):
     assert set(body) == {
         "id", "name", "state", "state_reason", "rollout_devices", "train_devices", "reserved_devices",
         "deployment_mode", "priority", "waiting_for_slot", "created_by", "created_at", "started_at",
-        "finished_at", "last_step", "spec", "paused_by_quota", "updated_at", "savings", "estimate", "lineage",
+        "finished_at", "last_step", "latest_reward", "eval_accuracy", "device_hours", "spec", "paused_by_quota",
+        "updated_at", "savings", "estimate", "lineage",
     }  # fmt: skip
     assert (body["state"], body["created_by"], body["reserved_devices"], body["last_step"]) == (
         "queued",
@@ -540,3 +541,22 @@ def test_admin_lists_jobs_and_usage_read_only(tenant, client, model):
     client.force_login(UserFactory(username="staff", is_staff=True, is_superuser=True))
     assert client.get(f"/admin/{model}/").status_code == 200
     assert client.get(f"/admin/{model}/add/").status_code == 403
+
+
+def test_the_job_list_has_the_latest_reward_the_latest_evaluation_and_the_cost(tenant, api_client):
+    from billing.models import JobUsageTotals
+
+    job = services.job_create(organization=tenant.organization, user=tenant.member, spec=SPEC, name="scored")
+    services.job_create(organization=tenant.organization, user=tenant.member, spec=SPEC, name="bare")
+    for step, data in ((1, {"reward_mean": 0.2, "eval_accuracy": 0.1}), (2, {"reward_mean": 0.4}),
+                       (3, {"reward_mean": 0.5, "loss": 0.1})):
+        JobMetric.objects.create(job=job, step=step, seq=step, data={"step": step, **data})
+    JobUsageTotals.objects.create(job=job, rows=3, device_seconds=5400.0)
+    api_client.force_authenticate(tenant.viewer)
+    rows = {r["name"]: r for r in api_client.get(JOBS).json()["results"]}
+    assert (rows["scored"]["latest_reward"], rows["scored"]["eval_accuracy"], rows["scored"]["device_hours"]) == (
+        0.5, 0.1, 1.5)
+    assert (rows["bare"]["latest_reward"], rows["bare"]["eval_accuracy"], rows["bare"]["device_hours"]) == (
+        None, None, None)
+    detail = api_client.get(f"{JOBS}{job.pk}/").json()
+    assert (detail["latest_reward"], detail["eval_accuracy"], detail["device_hours"]) == (0.5, 0.1, 1.5)

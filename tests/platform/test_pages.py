@@ -45,7 +45,7 @@ def test_root_redirects_to_the_job_list(client):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("url", [*PAGES, "/jobs/1/", "/staff/savings/"])
+@pytest.mark.parametrize("url", [*PAGES, "/jobs/1/", "/staff/savings/", "/compare/?jobs=1,2"])
 def test_anonymous_users_are_sent_to_sign_in(client, url):
     response = client.get(url)
     assert response.status_code == 302
@@ -292,3 +292,27 @@ def test_the_job_page_links_the_metrics_as_tensorboard_files(tenant, session_cli
     assert page_data(response)["tensorboard_url"] == f"/api/v1/jobs/{job.pk}/tensorboard.zip"
     link = f'id="tensorboard-download" href="/api/v1/jobs/{job.pk}/tensorboard.zip" download'
     assert link in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_compare_page_takes_two_to_eight_of_the_organizations_runs_and_lists_their_spec_differences(
+        tenant, other_tenant, session_client):
+    from config.pages import spec_differences
+
+    first, second = make_job(tenant, name="a"), make_job(tenant, name="b")
+    Job.objects.filter(pk=second.pk).update(spec={**second.spec, "seed": 9, "grpo": {**second.spec["grpo"], "lr": 0.5}})
+    viewer = session_client(tenant.viewer)
+    response = viewer.get(f"/compare/?jobs={first.pk},{second.pk}")
+    assert response.status_code == 200
+    data = page_data(response)
+    assert [run["id"] for run in data["runs"]] == [first.pk, second.pk]
+    assert [row["key"] for row in data["differences"]] == ["grpo.lr", "seed"]
+    assert data["differences"][1]["values"] == [first.spec["seed"], 9]
+    assert '<script type="module" src="/static/js/compare.js"></script>' in response.content.decode()
+    for bad in (f"{first.pk}", "", "a,b", ",".join(str(first.pk) for _ in range(3)),
+                ",".join(str(n) for n in range(1, 10))):
+        assert viewer.get(f"/compare/?jobs={bad}").status_code == 400, bad
+    theirs = make_job(other_tenant, name="c")
+    assert viewer.get(f"/compare/?jobs={first.pk},{theirs.pk}").status_code == 404
+    assert spec_differences([{"a": 1, "b": {"c": 2}}, {"a": 1, "b": {"c": 3}, "d": 4}]) == [
+        {"key": "b.c", "values": [2, 3]}, {"key": "d", "values": [None, 4]}]

@@ -1,6 +1,8 @@
-// /jobs/: the organization's jobs, refreshed every few seconds from GET /api/v1/jobs/.
+// /jobs/: the organization's jobs, refreshed every few seconds from GET /api/v1/jobs/, with their
+// latest reward, held-out accuracy and cost (sortable by a click on the column's head); runs ticked
+// here open side by side on the compare page.
 import { api } from "./api.js";
-import { badge, el, showMessage, when } from "./dom.js";
+import { badge, el, num, showMessage, when } from "./dom.js";
 
 const POLL_MS = 3000;
 const table = document.getElementById("job-table");
@@ -17,10 +19,29 @@ const params = new URLSearchParams(window.location.search);
 stateSelect.value = params.get("state") || "";
 search.value = params.get("search") || "";
 
+const picked = new Set(); // ids of the runs ticked for comparison
+const compareButton = document.getElementById("compare-selected");
+let sortKey = null;
+let sortDown = true;
+let lastPage = [];
+
+function pick(id, on) {
+  if (on) picked.add(id);
+  else picked.delete(id);
+  compareButton.disabled = picked.size < 2 || picked.size > 8;
+  compareButton.textContent = `Compare selected runs (${picked.size})`;
+}
+
+compareButton.addEventListener("click", () => {
+  window.location.href = `/compare/?jobs=${[...picked].join(",")}`;
+});
+
 function row(job) {
   return el(
     "tr",
     { dataset: { job: job.id, state: job.state } },
+    el("td", {}, el("input", { type: "checkbox", "aria-label": `Compare job ${job.id}`, checked: picked.has(job.id),
+      on: { change: (event) => pick(job.id, event.target.checked) } })),
     el("td", {}, `#${job.id}`),
     el("td", {}, el("a", { href: `/jobs/${job.id}/` }, job.name || "(unnamed)")),
     el(
@@ -31,6 +52,9 @@ function row(job) {
       job.waiting_for_slot ? el("div", { class: "muted small job-reason" }, job.state_reason) : null,
     ),
     el("td", { class: "num" }, job.last_step ?? "–"),
+    el("td", { class: "num" }, num(job.latest_reward)),
+    el("td", { class: "num" }, num(job.eval_accuracy)),
+    el("td", { class: "num" }, num(job.device_hours, 4)),
     el("td", { class: "num" }, `${job.rollout_devices} + ${job.train_devices}`),
     el("td", {}, job.deployment_mode.replaceAll("_", " ")),
     el("td", {}, job.created_by ?? "–"),
@@ -43,7 +67,8 @@ async function refresh() {
   clearTimeout(timer);
   try {
     const page = await api("jobs/", { query: { state: stateSelect.value, search: search.value.trim() } });
-    rows.replaceChildren(...page.results.map(row));
+    lastPage = page.results;
+    draw();
     empty.hidden = page.results.length > 0;
     table.dataset.loaded = "true";
     table.dataset.count = String(page.count);
@@ -53,6 +78,26 @@ async function refresh() {
     showMessage(error, `Could not load the jobs: ${err.message}`);
   }
   timer = setTimeout(refresh, POLL_MS);
+}
+
+function draw() {
+  const jobs = [...lastPage];
+  if (sortKey) {
+    // runs without the number go last, whichever way
+    jobs.sort((a, b) => (a[sortKey] == null) - (b[sortKey] == null)
+      || (sortDown ? b[sortKey] - a[sortKey] : a[sortKey] - b[sortKey]));
+  }
+  rows.replaceChildren(...jobs.map(row));
+}
+
+for (const button of document.querySelectorAll("button.sort")) {
+  button.addEventListener("click", () => {
+    sortDown = sortKey === button.dataset.sort ? !sortDown : true;
+    sortKey = button.dataset.sort;
+    for (const head of document.querySelectorAll("th[aria-sort]")) head.setAttribute("aria-sort", "none");
+    button.parentElement.setAttribute("aria-sort", sortDown ? "descending" : "ascending");
+    draw();
+  });
 }
 
 function applyFilters() {

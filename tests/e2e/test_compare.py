@@ -1,0 +1,100 @@
+"""Runs side by side in the browser: on the job list a user sorts by reward, ticks two runs and
+opens the compare page, which draws both runs' curves on each chart and shows where their specs
+differ. The server is daphne on the test database; the runs' metrics are ingested as the worker's
+pull brings them. Screenshots: ``test-artifacts/browser/``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.e2e.screenshots import screenshot
+from tests.platform import live
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+
+SPEC = {"task": "arith", "model": "tiny-arith", "steps": 6, "seed": 1, "rollout": "torch", "trainer": "torch"}
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup, tmp_path_factory) -> Iterator[str]:
+    home = tmp_path_factory.mktemp("compare")
+    env = live.platform_env(home)
+    del env["REDIS_URL"]  # no worker: nothing the pages send to Celery runs
+    proc, url = live.asgi_server(env, home)
+    yield url
+    proc.stop()
+
+
+def run(organization, owner, name: str, lr: float, rewards: list[float]):
+    """A finished job whose engine log held these steps."""
+    from jobs.ingest import ingest_events
+    from jobs.models import Job, JobState
+
+    job = Job.objects.create(organization=organization, created_by=owner, name=name, state=JobState.RUNNING,
+                             spec={**SPEC, "grpo": {"lr": lr, "prompts_per_step": 8}})
+    events = [{"seq": step, "kind": "metrics", "ts": 1000.0 + step,
+               "data": {"step": step, "reward_mean": reward, "loss": 0.1 / step,
+                        "phase_seconds": {"generate": 0.5, "train": 0.25}, **({"eval_accuracy": reward / 2}
+                                                                               if step % 3 == 0 else {})}}
+              for step, reward in enumerate(rewards, start=1)]
+    ingest_events(job=job, events=[*events, {"seq": len(rewards) + 1, "kind": "state", "ts": 2000.0,
+                                              "data": {"state": "succeeded"}}])
+    return job
+
+
+def test_two_runs_picked_on_the_job_list_are_compared_curve_by_curve_with_their_spec_difference(browser, server):
+    from accounts.services import organization_create
+    from tests.platform.factories import PASSWORD, UserFactory
+
+    owner = UserFactory(username="ada")
+    organization = organization_create(name="Acme", owner=owner)
+    slow = run(organization, owner, "slow lr", 1e-4, [0.1, 0.15, 0.2, 0.22, 0.25, 0.3])
+    fast = run(organization, owner, "fast lr", 1e-3, [0.1, 0.3, 0.5, 0.6, 0.7, 0.8])
+    run(organization, owner, "third", 1e-3, [0.4])
+
+    context = browser.new_context(base_url=server, viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.goto("/accounts/login/")
+    page.get_by_label("Username").fill("ada")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in", exact=True).click()
+    expect(page).to_have_url(re.compile(r"/jobs/$"))
+    expect(page.locator("#job-table")).to_have_attribute("data-loaded", "true")
+
+    # the list's reward column, sorted: best first
+    page.get_by_role("button", name="Reward", exact=True).click()
+    names = page.locator("#job-rows tr td:nth-child(3)").all_inner_texts()
+    assert names == ["fast lr", "third", "slow lr"]
+    expect(page.locator(f'tr[data-job="{fast.pk}"] td:nth-child(6)')).to_have_text("0.800")
+    compare = page.get_by_role("button", name=re.compile("Compare selected runs"))
+    expect(compare).to_be_disabled()
+    page.get_by_label(f"Compare job {slow.pk}").check()
+    page.get_by_label(f"Compare job {fast.pk}").check()
+    expect(compare).to_be_enabled()
+    screenshot(page, "job-list-compare")
+    compare.click()
+    expect(page).to_have_url(re.compile(rf"/compare/\?jobs={slow.pk},{fast.pk}$"))
+
+    # both runs' curves on each chart, and the one spec field that differs
+    charts = page.locator("#compare-charts")
+    expect(charts).to_have_attribute("data-loaded", "true")
+    for metric, points in (("reward_mean", "6"), ("eval_accuracy", "2"), ("loss", "6")):
+        figure = page.locator(f'figure[data-metric="{metric}"]')
+        expect(figure).to_have_attribute("data-points", points)
+        expect(figure).to_have_attribute(f"data-run{slow.pk}", "drawn")
+        expect(figure).to_have_attribute(f"data-run{fast.pk}", "drawn")
+    page.locator("#metric-add").select_option("phase_seconds/generate")  # any logged metric, timings too
+    expect(page.locator('figure[data-metric="phase_seconds/generate"]')).to_have_attribute("data-points", "6")
+    rows = page.locator("#spec-differences tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-field", "grpo.lr")
+    expect(rows.first.locator("td")).to_have_text(["0.0001", "0.001"])
+    screenshot(page, "compare")
+
+    page.goto(f"/compare/?jobs={slow.pk}")  # one run is nothing to compare
+    expect(page.locator("#compare-error")).to_contain_text("Pick 2 to 8 runs")
+    context.close()
