@@ -36,12 +36,16 @@ def run(organization, owner, name: str, lr: float, rewards: list[float]):
 
     job = Job.objects.create(organization=organization, created_by=owner, name=name, state=JobState.RUNNING,
                              spec={**SPEC, "grpo": {"lr": lr, "prompts_per_step": 8}})
-    events = [{"seq": step, "kind": "metrics", "ts": 1000.0 + step,
-               "data": {"step": step, "reward_mean": reward, "loss": 0.1 / step,
-                        "phase_seconds": {"generate": 0.5, "train": 0.25}, **({"eval_accuracy": reward / 2}
-                                                                               if step % 3 == 0 else {})}}
-              for step, reward in enumerate(rewards, start=1)]
-    ingest_events(job=job, events=[*events, {"seq": len(rewards) + 1, "kind": "state", "ts": 2000.0,
+    events = []
+    for step, reward in enumerate(rewards, start=1):
+        events.append({"seq": 2 * step - 1, "kind": "metrics", "ts": 1000.0 + step, "data": {
+            "step": step, "reward_mean": reward, "loss": 0.1 / step, "grad_norm": 1.0 + step,
+            "phase_seconds": {"generate": 0.5, "train": 0.25},
+            **({"eval_accuracy": reward / 2} if step % 3 == 0 else {})}})
+        events.append({"seq": 2 * step, "kind": "timings", "ts": 1000.5 + step, "data": {
+            "step": step, "generate": 0.6, "reward": 0.01, "logprobs": 0.1, "train": 0.3, "sync": 0.05, "eval": 0.0,
+            "total": 1.06}})
+    ingest_events(job=job, events=[*events, {"seq": 2 * len(rewards) + 1, "kind": "state", "ts": 2000.0,
                                               "data": {"state": "succeeded"}}])
     return job
 
@@ -94,6 +98,13 @@ def test_two_runs_picked_on_the_job_list_are_compared_curve_by_curve_with_their_
     expect(rows.first).to_have_attribute("data-field", "grpo.lr")
     expect(rows.first.locator("td")).to_have_text(["0.0001", "0.001"])
     screenshot(page, "compare")
+
+    # one run's page: each step's phases as a stacked bar, any other logged metric as a chart on demand
+    page.goto(f"/jobs/{fast.pk}/")
+    expect(page.locator("#chart-timings")).to_have_attribute("data-points", "6")
+    page.locator("#metric-add").select_option("grad_norm")
+    expect(page.locator('#more-charts figure[data-metric="grad_norm"]')).to_have_attribute("data-points", "6")
+    screenshot(page, "job-detail-timings")
 
     page.goto(f"/compare/?jobs={slow.pk}")  # one run is nothing to compare
     expect(page.locator("#compare-error")).to_contain_text("Pick 2 to 8 runs")

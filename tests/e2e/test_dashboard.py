@@ -141,6 +141,10 @@ def test_sign_in_submit_watch_pause_resume_cluster_cancel_and_download(page, liv
     expect(page.locator("#live-status")).to_have_attribute("data-connected", "true")
     points = int(page.locator("#chart-reward").get_attribute("data-points"))
     assert points >= 3
+    # each step's phase timings as a stacked bar, and any other logged metric as a chart on demand
+    expect(page.locator("#chart-timings")).not_to_have_attribute("data-points", "0")
+    page.locator("#metric-add").select_option("response_length")
+    expect(page.locator('figure[data-metric="response_length"]')).not_to_have_attribute("data-points", "0")
     screenshot(page, "job-detail-live")
 
     # --- pause: the engine stops between calls; no step completes while it is paused -------------

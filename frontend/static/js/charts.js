@@ -1,7 +1,7 @@
 // Line charts of per-step metrics on uPlot (vendored, frontend/static/vendor/uplot/).
 import uPlot from "../vendor/uplot/uPlot.esm.js";
 
-const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce"];
+const COLORS = ["#1f5fbf", "#c2410c", "#15803d", "#7e22ce", "#0e7490", "#a16207", "#be185d"];
 
 /** A y range from 0 (or the minimum, when negative) to the maximum; a flat series (a loss or a
  * KL that stays 0) gets a small span instead of uPlot's default 0..100. */
@@ -71,6 +71,66 @@ export class StepChart {
       }),
     );
     this.plot.setData([steps, ...columns]);
+    this.figure.dataset.points = String(steps.length);
+  }
+}
+
+/**
+ * A stacked bar a step: where the step's wall time went, phase by phase (`phases`: the keys of a
+ * ``timings`` event, in the order they are stacked from the bottom). add(step, timings) puts a
+ * step's seconds in; the legend shows each phase's own seconds, not the running sum; the figure's
+ * data-points says how many steps it holds.
+ */
+export class PhaseChart {
+  constructor(figure, phases, { height = 200 } = {}) {
+    this.figure = figure;
+    this.phases = phases;
+    this.rows = new Map(); // step -> timings
+    this.pending = false;
+    const bars = uPlot.paths.bars({ size: [0.8, 40] });
+    // drawn top of the stack first, so each later (lower) bar covers all but its own segment
+    const order = [...phases].reverse();
+    this.plot = new uPlot(
+      {
+        width: Math.max(240, figure.clientWidth - 8),
+        height,
+        scales: { x: { time: false }, y: { range: spanAroundZero } },
+        legend: { live: true },
+        axes: [{ label: "step" }, { size: 56, label: "seconds" }],
+        series: [
+          { label: "step" },
+          ...order.map((phase) => ({
+            label: phase,
+            fill: COLORS[phases.indexOf(phase) % COLORS.length] + "cc",
+            stroke: COLORS[phases.indexOf(phase) % COLORS.length],
+            paths: bars,
+            points: { show: false },
+            value: (u, v, s, i) => (i == null ? "–" : (this.rows.get(u.data[0][i])?.[phase] ?? 0).toFixed(3)),
+          })),
+        ],
+      },
+      [[], ...order.map(() => [])],
+      figure,
+    );
+    this.order = order;
+  }
+
+  add(step, timings) {
+    this.rows.set(step, timings);
+    if (!this.pending) {
+      this.pending = true;
+      requestAnimationFrame(() => this.draw());
+    }
+  }
+
+  draw() {
+    this.pending = false;
+    const steps = [...this.rows.keys()].sort((a, b) => a - b);
+    const tops = this.order.map((phase) => {
+      const below = this.phases.slice(0, this.phases.indexOf(phase) + 1);
+      return steps.map((step) => below.reduce((sum, p) => sum + (this.rows.get(step)[p] || 0), 0));
+    });
+    this.plot.setData([steps, ...tops]);
     this.figure.dataset.points = String(steps.length);
   }
 }

@@ -3,7 +3,7 @@
 // curves, the step table and the events list. The buttons POST to the REST actions. Estimated vs
 // billed device-hours come from GET jobs/<id>/, read on load, on state changes and as steps arrive.
 import { api, pageData } from "./api.js";
-import { StepChart } from "./charts.js";
+import { PhaseChart, StepChart } from "./charts.js";
 import { el, num, showMessage, when } from "./dom.js";
 import { live, showStatus } from "./live.js";
 
@@ -30,6 +30,35 @@ const charts = [
   new StepChart(document.getElementById("chart-loss"), [{ key: "loss", label: "loss" }]),
   new StepChart(document.getElementById("chart-kl"), [{ key: "kl", label: "KL" }]),
 ];
+// GRPO's phases, bottom up (a tool-using task's waits on its tool within them are tool_stall)
+const PHASES = ["generate", "reward", "logprobs", "train", "sync", "eval"];
+const timings = new PhaseChart(document.getElementById("chart-timings"), PHASES);
+
+// any other metric the job logs (grad norm, clip fraction, response length, ...), on demand
+const picker = document.getElementById("metric-add");
+const known = new Set(["reward_mean", "train_accuracy", "eval_accuracy", "loss", "kl"]);
+const offered = new Set();
+
+function offer(data) {
+  const fresh = Object.keys(data).filter((key) => key !== "step" && typeof data[key] === "number"
+    && !known.has(key) && !offered.has(key));
+  for (const key of fresh.sort()) {
+    offered.add(key);
+    picker.append(el("option", { value: key }, key));
+  }
+}
+
+picker.addEventListener("change", () => {
+  const key = picker.value;
+  picker.value = "";
+  if (!key || known.has(key)) return;
+  known.add(key);
+  const figure = el("figure", { class: "chart", dataset: { metric: key, points: "0" } }, el("figcaption", {}, key));
+  document.getElementById("more-charts").append(figure);
+  const chart = new StepChart(figure, [{ key, label: key }]);
+  charts.push(chart);
+  for (const [step, data] of metricsByStep) chart.add(step, data);
+});
 
 // --- state and actions ---------------------------------------------------------------------------
 
@@ -101,6 +130,7 @@ function refreshCost() {
 // --- steps -------------------------------------------------------------------------------------
 
 const rowsByStep = new Map();
+const metricsByStep = new Map(); // step -> its metrics, for a chart added later
 
 function addStep(step, data) {
   const cells = [
@@ -126,6 +156,8 @@ function addStep(step, data) {
   const last = Math.max(...rowsByStep.keys());
   stepNode.textContent = String(last);
   stepTable.dataset.lastStep = String(last);
+  metricsByStep.set(step, data);
+  offer(data);
   for (const chart of charts) chart.add(step, data);
 }
 
@@ -170,6 +202,11 @@ live(page.ws_path, {
     } else if (message.type === "metrics" && typeof message.step === "number") {
       addStep(message.step, message.data || {});
       refreshCost(); // steps mean calls billed
-    } else if (message.type === "event") addEvent(message);
+    } else if (message.type === "event") {
+      if (message.kind === "timings" && message.data && typeof message.data.step === "number") {
+        timings.add(message.data.step, message.data);
+      }
+      addEvent(message);
+    }
   },
 });
