@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import SpecError
+from engine.fields import check, declared, json_schema
 from engine.tasks.registry import TASKS
 from engine.tasks.tools import ToolConfig
 
@@ -37,35 +38,49 @@ class GRPOConfig:
     # trainer packs its batch), so the default keeps a margin over +0.30 on both layouts:
     #   before packed trainer batches: 512 +0.279, 704 +0.313 (TP=2 +0.292), 768 +0.339 (TP=2 +0.309)
     #   packed (half the train step):  768 +0.311, 1024 +0.347 (TP=2 +0.331)
-    prompts_per_step: int = 1024
-    samples_per_prompt: int = 8
-    updates_per_step: int = 8  # minibatches per step, one optimizer step each
+    prompts_per_step: int = declared(1024, doc="Prompts sampled each step.", minimum=1)
+    samples_per_prompt: int = declared(8, doc="Answers sampled for each prompt (GRPO's group).", minimum=2,
+                                       why="GRPO needs at least 2 samples per prompt")
+    updates_per_step: int = declared(8, doc="Minibatches a step, one optimizer step each.", minimum=1)
     # lr, warm-up and temperature (same command, 512 prompts, base 0.208): +0.275 held-out with 3e-4,
     # 10 warm-up steps and T = 0.6, against +0.20 with 2e-4, 5 and T = 1 (5e-4 thrashes this base:
     # per-step KL spikes above 1). From 0.182, 2e-4 gained +0.257, and a constant 3e-4 (no cosine
     # decay) stood at 0.21 by step 80 where the decayed rate was at 0.33.
-    lr: float = 3e-4
-    warmup_steps: int = 10  # RL steps of linear learning-rate warm-up
-    lr_schedule: str = "cosine"  # "cosine": decay to zero over the run's steps; "constant"
-    clip_eps: float = 0.2
-    clip_eps_high: float = 0.0  # > 0: the ratio's upper clip bound is 1 + this ("clip-higher"); 0: clip_eps
-    dual_clip: float = 0.0  # > 1: cap negative-advantage token losses at dual_clip * |A| (0: off)
-    kl_coef: float = 0.0  # > 0 adds a frozen reference model and a k3 KL penalty
+    lr: float = declared(3e-4, doc="Peak learning rate.", label="Learning rate", exclusive_minimum=0)
+    warmup_steps: int = declared(10, doc="RL steps of linear learning-rate warm-up.", label="Warm-up steps", minimum=0)
+    lr_schedule: str = declared("cosine", doc="cosine: decay to zero over the run's steps; constant.",
+                                label="Learning-rate schedule", choices=LR_SCHEDULES)
+    clip_eps: float = declared(0.2, doc="PPO ratio clip.", label="Clip ε", exclusive_minimum=0, exclusive_maximum=1)
+    clip_eps_high: float = declared(0.0, doc="> 0: the ratio's upper clip bound is 1 + this (clip-higher); "
+                                             "0: clip_eps.",
+                                    label="Upper clip ε (0: clip ε)", minimum=0, exclusive_maximum=1,
+                                    why="must be in (0, 1), or 0 for clip_eps")
+    dual_clip: float = declared(0.0, doc="> 1: cap negative-advantage token losses at dual_clip * |A|; 0: off.",
+                                label="Dual clip (0: off)", minimum=0)
+    kl_coef: float = declared(0.0, doc="> 0 adds a frozen reference model and a k3 KL penalty.", label="KL coefficient",
+                              minimum=0)
     # Rollout temperature. Below 1 the samples sit nearer the greedy answer that is evaluated and
     # more groups have mixed rewards (log-probs stay those of the model's own distribution).
-    temperature: float = 0.6
-    max_tokens: int = 8  # per generate call: with a tool, per turn, and never below the task's min_turn_tokens
-    eval_every: int = 10
-    eval_size: int = 500
-    shuffle_rewards: bool = False  # negative control: permute rewards within each step
+    temperature: float = declared(0.6, doc="Rollout temperature.", exclusive_minimum=0,
+                                  why="must be > 0 for training rollouts")
+    max_tokens: int = declared(8, doc="Tokens a generate call writes (with a tool, a turn; never below the task's "
+                                      "min_turn_tokens).", minimum=1)
+    eval_every: int = declared(10, doc="Steps between held-out evaluations.", label="Evaluate every (steps)",
+                               minimum=1)
+    eval_size: int = declared(500, doc="Held-out problems an evaluation scores.", label="Evaluation problems",
+                              minimum=1)
+    shuffle_rewards: bool = declared(False, doc="Negative control: permute rewards within each step.",
+                                     label="Shuffle rewards (negative control)")
     # Old-policy log-probs: False takes the sampled tokens' log-probs that generate returned (the
     # rollout holds the weights just synced from the trainer, so they are the old policy's); True
     # recomputes them with a trainer forward pass, for rollout engines whose numerics differ
     # (e.g. bf16 sampling against an fp32 trainer).
-    recompute_logprobs: bool = False
+    recompute_logprobs: bool = declared(False, doc="Recompute old-policy log-probs with a trainer forward pass.",
+                                        label="Recompute old log-probs")
     # Every this many steps the policy (weights and optimizer state) is checkpointed, so that a job
     # whose driver or worker dies resumes from there and replays the steps since (0: never).
-    checkpoint_every: int = 10
+    checkpoint_every: int = declared(10, doc="Steps between checkpoints (0: never).", label="Checkpoint every (steps)",
+                                     minimum=0, why="must be >= 0 (0: never)")
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -75,31 +90,9 @@ class GRPOConfig:
             ok = type(value) is kind or (kind is float and type(value) is int)
             if not ok:
                 raise SpecError(f.name, f"must be {kind.__name__}, got {type(value).__name__} {value!r}")
-        positive = ("prompts_per_step", "samples_per_prompt", "updates_per_step", "max_tokens",
-                    "eval_every", "eval_size")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise SpecError(name, "must be >= 1")
-        if self.samples_per_prompt < 2:
-            raise SpecError("samples_per_prompt", "GRPO needs at least 2 samples per prompt")
-        if not self.lr > 0:
-            raise SpecError("lr", "must be > 0")
-        if not 0 < self.clip_eps < 1:
-            raise SpecError("clip_eps", "must be in (0, 1)")
-        if not 0 <= self.clip_eps_high < 1:
-            raise SpecError("clip_eps_high", "must be in (0, 1), or 0 for clip_eps")
+        check(self)  # the declared bounds
         if self.dual_clip and self.dual_clip <= 1:
             raise SpecError("dual_clip", "must be > 1 (or 0 for off)")
-        if self.kl_coef < 0:
-            raise SpecError("kl_coef", "must be >= 0")
-        if self.temperature <= 0:
-            raise SpecError("temperature", "must be > 0 for training rollouts")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise SpecError("lr_schedule", f"must be one of {', '.join(LR_SCHEDULES)}")
-        if self.warmup_steps < 0:
-            raise SpecError("warmup_steps", "must be >= 0")
-        if self.checkpoint_every < 0:
-            raise SpecError("checkpoint_every", "must be >= 0 (0: never)")
 
 
 def _installed(module: str) -> bool:
@@ -129,23 +122,31 @@ def _check_backend(field_name: str, kind: object, known: dict) -> None:
 
 @dataclass(frozen=True)
 class JobSpec:
-    task: str = "arith"
-    model: str | None = None  # preset name or local Hugging Face model folder; None: the task's default preset
-    steps: int = 150
-    seed: int = 0
-    algorithm: str = "grpo"
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    rollout: str = field(default_factory=default_rollout)  # backend of the rollout WPG
-    trainer: str = field(default_factory=default_trainer)  # backend of the training WPG
-    tp: int = 1  # tensor-parallel ranks of the training WPG
-    tools: ToolConfig = field(default_factory=ToolConfig)  # the calculator of a tool-using task
-    dataset: str | None = None  # task "dataset": the path of a JSONL file of problems (engine.tasks.datasets)
+    task: str = declared("arith", doc="What the job learns: arith, arith-tools (a calculator tool), dataset "
+                                      "(an uploaded file of problems).")
+    model: str | None = declared(None, doc="A preset's or a registered model's name; empty: the task's default "
+                                           "preset.")
+    steps: int = declared(150, doc="RL steps of the run.", minimum=1)
+    seed: int = declared(0, doc="Same seed and spec, same metrics.", minimum=0)
+    algorithm: str = declared("grpo", doc="grpo; session: the tenant's own loop (POST sessions/).",
+                              choices=ALGORITHMS)
+    grpo: GRPOConfig = declared(doc="GRPO's settings.", default_factory=GRPOConfig)
+    rollout: str = declared(doc="The rollout worker group's backend.", label="Rollout backend",
+                            default_factory=default_rollout, choices=tuple(ROLLOUT_BACKENDS))
+    trainer: str = declared(doc="The training worker group's backend.", label="Training backend",
+                            default_factory=default_trainer, choices=tuple(TRAINER_BACKENDS))
+    tp: int = declared(1, doc="Tensor-parallel ranks of the trainer (Megatron).", label="Tensor parallelism",
+                       minimum=1, maximum=MAX_TP)
+    tools: ToolConfig = declared(doc="The calculator of a tool-using task.", default_factory=ToolConfig)
+    dataset: str | None = declared(None, doc="Task dataset: the file of problems (an uploaded dataset's path).")
     # task "dataset": a file of problems to evaluate on (all of ``dataset`` then trains); None: a
     # held-out split of ``dataset``
-    eval_dataset: str | None = None
+    eval_dataset: str | None = declared(None, doc="Task dataset: a file of problems to evaluate on; empty: a "
+                                                  "held-out split of the dataset.", label="Evaluation dataset")
     # another job's checkpoint folder (its ``checkpoint`` event's path): the policy starts from its
     # weights instead of the model's (whose config and tokenizer it keeps), with a fresh optimizer
-    init_from: str | None = None
+    init_from: str | None = declared(None, doc="Another job's checkpoint folder to start from (the platform sets "
+                                               "it from continue_from).", label="Start from checkpoint")
 
     def __post_init__(self):
         if self.task not in TASKS:
@@ -207,6 +208,12 @@ class JobSpec:
         nested = {name: _nested(name, kind, data.pop(name, None) or {})
                   for name, kind in (("grpo", GRPOConfig), ("tools", ToolConfig))}
         return cls(**nested, **data)
+
+
+def spec_json_schema() -> dict[str, Any]:
+    """The job spec's JSON Schema (OpenAPI 3.0's dialect), from the dataclasses' own declarations
+    (``engine.fields``): what the API documents, the submit form draws and a spec file may hold."""
+    return json_schema(JobSpec)
 
 
 def _nested(name: str, kind: type, value: Any) -> Any:

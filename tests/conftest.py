@@ -11,3 +11,19 @@ def engine_home(tmp_path_factory) -> Path:
     from tests.platform.live import build_engine_home
 
     return build_engine_home(tmp_path_factory.mktemp("engine-home"))
+
+
+@pytest.fixture(autouse=True)
+def _default_plan(request, django_db_blocker):
+    """The default plan exists as the migrations made it: a transactional test's flush empties
+    every table, the rows migrations wrote included, so it is put back before each test."""
+    if "django_db_setup" not in request.fixturenames and not request.node.get_closest_marker("django_db"):
+        return
+    import importlib
+
+    from accounts.models import Plan
+
+    starter = importlib.import_module("accounts.migrations.0003_plans").STARTER
+    request.getfixturevalue("django_db_setup")
+    with django_db_blocker.unblock():
+        Plan.objects.get_or_create(name="starter", defaults=starter)

@@ -41,46 +41,51 @@ TOOL_FLAGS = {
 
 def add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one RLVR job on a local engine")
-    p.add_argument("--task", default="arith")
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--spec", type=Path, metavar="SPEC",
+                   help="a job spec file (JSON or YAML, as plexrl jobs submit takes); the flags below win over it")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a spec field, dotted for nested ones (repeatable): --set grpo.lr=1e-4")
+    p.add_argument("--task", help="arith, arith-tools or dataset (default: arith)")
+    p.add_argument("--steps", type=int, help="RL steps (default: 150)")
+    p.add_argument("--seed", type=int, help="default: 0")
     p.add_argument("--model", help="preset name or Hugging Face model folder (default: the task's preset)")
     p.add_argument("--out", type=Path, help="output folder (default: a new one under PLEXRL_HOME/runs)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--rollout", help="rollout backend: torch or vllm (default: vllm when installed)")
     p.add_argument("--trainer", help="training backend: torch or megatron (default: megatron when installed)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of the trainer (megatron)")
+    p.add_argument("--tp", type=int, help="tensor-parallel ranks of the trainer (megatron; default: 1)")
     p.add_argument("--dataset", type=Path, help="task dataset: a JSONL file of {\"prompt\", \"answer\"} lines, or a "
                                                 "CSV or Parquet file (by its suffix) with columns prompt and answer")
     p.add_argument("--eval-dataset", type=Path, help="task dataset: a file of problems to evaluate on (the whole "
                                                      "--dataset then trains); default: a held-out split of it")
-    p.add_argument("--shuffle-rewards", action="store_true",
-                   help="negative control: permute rewards within each step")
-    p.add_argument("--prompts-per-step", type=int)
-    p.add_argument("--samples-per-prompt", type=int)
-    p.add_argument("--updates-per-step", type=int)
-    p.add_argument("--lr", type=float)
-    p.add_argument("--warmup-steps", type=int)
-    p.add_argument("--lr-schedule", choices=["cosine", "constant"])
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--kl-coef", type=float)
-    p.add_argument("--clip-eps-high", type=float,
-                   help="upper clip bound of the ratio is 1 + this, for positive advantages (default: clip_eps)")
-    p.add_argument("--dual-clip", type=float, help="cap negative-advantage token losses at C*|A| (C > 1)")
-    p.add_argument("--eval-every", type=int)
-    p.add_argument("--eval-size", type=int)
+    for name, prop in _grpo_fields().items():  # one flag a GRPO field, from the spec's own declarations
+        flag, text = f"--{name.replace('_', '-')}", f"{prop['description']} (default: {prop['default']})"
+        if prop["type"] == "boolean":
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=text)
+        else:
+            p.add_argument(flag, type=_ARG_TYPES[prop["type"]], choices=prop.get("enum"), help=text)
     for flag, (_, kind, help_text) in TOOL_FLAGS.items():
         p.add_argument(flag, type=kind, help=help_text)
     p.set_defaults(func=cmd_train)
 
 
-def _tool_config(args: argparse.Namespace):
-    """The calculator's settings from the flags given (ToolConfig's defaults for the others)."""
+_ARG_TYPES = {"integer": int, "number": float, "string": str}
+
+
+def _grpo_fields() -> dict[str, dict]:
+    from engine.spec import spec_json_schema
+
+    return spec_json_schema()["properties"]["grpo"]["properties"]
+
+
+def _tool_config(args: argparse.Namespace, given: dict | None = None):
+    """The calculator's settings from the flags given over ``given`` (a spec file's), ToolConfig's
+    defaults for the others."""
     from engine.tasks.tools import ToolConfig
 
     values = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (field, _, _) in TOOL_FLAGS.items()}
     try:
-        return ToolConfig(**{k: v for k, v in values.items() if v is not None})
+        return ToolConfig(**{**(given or {}), **{k: v for k, v in values.items() if v is not None}})
     except SpecError as exc:
         flag = next(f for f, (field, _, _) in TOOL_FLAGS.items() if field == exc.field)
         raise CliError(f"{flag}: {exc.message}") from None
@@ -102,17 +107,19 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def train_spec(args: argparse.Namespace):
-    """The ``JobSpec`` that ``plexrl train``'s flags describe (bad flags: ``CliError`` / ``SpecError``)."""
-    from engine.spec import GRPOConfig, JobSpec
+    """The ``JobSpec`` that ``plexrl train``'s spec file, flags and ``--set`` describe, in that order of
+    precedence from the lowest (bad input: ``CliError`` / ``SpecError``)."""
+    from engine.cli.platform_commands import _apply_set, _read_spec_file
+    from engine.spec import JobSpec
 
-    overrides = {k: getattr(args, k) for k in (
-        "prompts_per_step", "samples_per_prompt", "updates_per_step", "lr", "warmup_steps", "lr_schedule",
-        "temperature", "kl_coef", "clip_eps_high", "dual_clip", "eval_every", "eval_size",
-    ) if getattr(args, k) is not None}
-    if args.shuffle_rewards:
-        overrides["shuffle_rewards"] = True
-    backends = {k: getattr(args, k) for k in ("rollout", "trainer") if getattr(args, k) is not None}
-    files = {}
+    spec = _read_spec_file(args.spec) if args.spec is not None else {}
+    spec.update({k: getattr(args, k) for k in ("task", "model", "steps", "seed", "tp", "rollout", "trainer")
+                 if getattr(args, k) is not None})
+    grpo = spec.get("grpo") if isinstance(spec.get("grpo"), dict) else {}
+    spec["grpo"] = {**grpo, **{k: getattr(args, k) for k in _grpo_fields() if getattr(args, k) is not None}}
+    tools = spec.get("tools") if isinstance(spec.get("tools"), dict) else {}
+    if any(getattr(args, flag[2:].replace("-", "_")) is not None for flag in TOOL_FLAGS) or tools:
+        spec["tools"] = dataclasses.asdict(_tool_config(args, tools))
     for flag in ("dataset", "eval_dataset"):
         path = getattr(args, flag)
         if path is None:
@@ -123,10 +130,9 @@ def train_spec(args: argparse.Namespace):
             load_problems(path)
         except DatasetError as exc:
             raise CliError(f"--{flag.replace('_', '-')} {path}: {exc}") from None
-        files[flag] = str(path.resolve())
-    return JobSpec(task=args.task, model=args.model, steps=args.steps, seed=args.seed, tp=args.tp, **backends,
-                   grpo=GRPOConfig(**{**dataclasses.asdict(GRPOConfig()), **overrides}), tools=_tool_config(args),
-                   **files)
+        spec[flag] = str(path.resolve())
+    _apply_set(spec, args.set)
+    return JobSpec.from_dict(spec)
 
 
 def _prepare_run(spec, out: Path):

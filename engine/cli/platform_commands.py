@@ -31,7 +31,7 @@ from engine.errors import CliError
 from plexrl_client import TERMINAL_STATES, ServiceClient
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-# POST jobs/ fields a SPEC.json may hold beside the spec's own (JobSpec has none of these names).
+# POST jobs/ fields a SPEC file may hold beside the spec's own (JobSpec has none of these names).
 SUBMIT_FIELDS = ("name", "rollout_devices", "train_devices", "deployment_mode", "continue_from",
                  "continue_weights")
 DEPLOYMENT_MODES = ("async_split", "isolated_split", "colocated")
@@ -39,15 +39,21 @@ SPARK_BARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 40  # the last rewards a ``jobs watch`` line shows
 
 SUBMIT_HELP = """\
-The job is described by SPEC.json (or - for stdin), by flags, or both (flags win):
+The job is described by a SPEC file (JSON or YAML, or - for stdin), by flags, or both (flags
+win):
 
-  SPEC.json is the engine's job spec as a JSON object (task, model, steps, seed, algorithm,
-  grpo {...}, rollout, trainer, tp, tools, dataset; missing fields take their defaults), and may
-  also hold the submission's own fields at top level: name, rollout_devices, train_devices,
-  deployment_mode. Example:
+  SPEC is the job's spec as an object (task, model, steps, seed, grpo {...}, rollout, trainer, tp,
+  tools, dataset: an uploaded dataset's id; missing fields take their defaults; the API's OpenAPI
+  schema lists every field with its type, default and bounds), and may also hold the submission's
+  own fields at top level: name, rollout_devices, train_devices, deployment_mode. Example
+  (spec.yaml; the same as JSON works too):
 
-    {"task": "arith", "model": "tiny-arith", "steps": 50, "seed": 1,
-     "grpo": {"lr": 1e-4}, "name": "lr sweep", "rollout_devices": 4, "train_devices": 4}
+    task: arith
+    model: tiny-arith
+    steps: 50
+    grpo: {lr: 1.0e-4, prompts_per_step: 64}
+    name: lr sweep
+    rollout_devices: 4
 
   --set KEY=VALUE sets a spec field, dotted for nested ones (--set grpo.lr=1e-4); VALUE is read
   as JSON when it parses (1e-4, 8, true, null), else as a string (--set rollout=torch).
@@ -157,7 +163,7 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 def _submission_args(s: argparse.ArgumentParser) -> None:
     """The arguments describing a job (``jobs submit`` and ``jobs estimate`` take the same)."""
-    s.add_argument("spec_file", nargs="?", type=Path, metavar="SPEC.json", help="the job spec (- for stdin)")
+    s.add_argument("spec_file", nargs="?", type=Path, metavar="SPEC", help="the job spec, JSON or YAML (- for stdin)")
     s.add_argument("--task")
     s.add_argument("--model", help="a preset or a registered model's name")
     s.add_argument("--steps", type=int)
@@ -245,16 +251,22 @@ def add_jobs(sub: argparse._SubParsersAction) -> None:
 
 
 def _read_spec_file(path: Path) -> dict[str, Any]:
+    """The spec file's object: JSON, else YAML (which reads JSON too, but not JSON's errors)."""
+    import yaml
+
     try:
         text = sys.stdin.read() if str(path) == "-" else path.read_text()
     except OSError as exc:
-        raise CliError(f"SPEC.json: cannot read {path}: {exc.strerror or exc}") from None
+        raise CliError(f"SPEC: cannot read {path}: {exc.strerror or exc}") from None
     try:
         data = json.loads(text)
-    except ValueError as exc:
-        raise CliError(f"SPEC.json: {path} is not JSON: {exc}") from None
+    except ValueError:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise CliError(f"SPEC: {path} is neither JSON nor YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
-        raise CliError(f"SPEC.json: {path} must hold a JSON object, not {type(data).__name__}")
+        raise CliError(f"SPEC: {path} must hold an object (a mapping), not {type(data).__name__}")
     return data
 
 
@@ -279,7 +291,7 @@ def _apply_set(spec: dict[str, Any], items: list[str]) -> None:
 
 
 def build_submission(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The spec and the submission's own fields (``SUBMIT_FIELDS``) from SPEC.json and the flags."""
+    """The spec and the submission's own fields (``SUBMIT_FIELDS``) from the SPEC file and the flags."""
     spec = _read_spec_file(args.spec_file) if args.spec_file is not None else {}
     options = {k: spec.pop(k) for k in SUBMIT_FIELDS if k in spec}
     for flag in ("task", "model", "steps", "seed"):

@@ -24,6 +24,7 @@ import numpy as np
 
 from engine.api import Completion, SamplingParams
 from engine.errors import SpecError
+from engine.fields import declared
 
 # -- the calculator ------------------------------------------------------------------------------
 
@@ -171,9 +172,12 @@ class ToolLatency:
 class ToolConfig:
     """How a tool-using task's calculator behaves: its latency and the calls an answer may make."""
 
-    latency_median_s: float = 1.0
-    latency_p99_s: float = 5.0
-    max_calls: int = 2  # calls per answer; a "]" after the last one is plain text
+    latency_median_s: float = declared(1.0, doc="The calculator's median latency in seconds (0: no stall).",
+                                       label="Median latency (s)", minimum=0)
+    latency_p99_s: float = declared(5.0, doc="Its 99th-percentile latency in seconds (at least the median).",
+                                    label="p99 latency (s)", minimum=0)
+    max_calls: int = declared(2, doc="Calculator calls an answer may make.", label="Calls per answer", minimum=0,
+                              maximum=MAX_CALLS)  # a "]" after the last one is plain text
 
     def __post_init__(self):
         try:

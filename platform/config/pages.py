@@ -10,7 +10,6 @@ Every page acts within the session's current organization, resolved like the API
 context processor, so the sign-in pages, which extend the same base template, show it too.
 """
 
-import dataclasses
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
@@ -25,10 +24,11 @@ from accounts import selectors as account_selectors
 from accounts.api import resolve_organization
 from accounts.models import Membership, Organization, Priority, Role
 from engine.control import DATASET_FORMATS, MAX_DATASET_BYTES
-from engine.spec import ROLLOUT_BACKENDS, TRAINER_BACKENDS, GRPOConfig, default_rollout, default_trainer
+from engine.spec import ROLLOUT_BACKENDS, TRAINER_BACKENDS, default_rollout, default_trainer
 from jobs import selectors as job_selectors
 from jobs.lineage import lineage as lineage_of
 from jobs.models import DeploymentMode, Job, JobState
+from jobs.serializers import api_spec_schema
 
 
 def _current(request: HttpRequest) -> tuple[Organization | None, Membership | None]:
@@ -93,6 +93,35 @@ def _continuing(request: HttpRequest, organization: Organization | None) -> dict
     return {"id": parent.pk, "name": parent.name, "weights": weights}
 
 
+# Spec fields the form draws with choices of the organization's own (task, model, dataset, the
+# backends), and the one it never shows (a session is opened on its own: POST sessions/).
+FORM_SELECTS = ("task", "model", "dataset", "rollout", "trainer")
+NOT_ON_THE_FORM = {"algorithm": "a session is opened on its own (POST /api/v1/sessions/)"}
+_FORM_TYPES = {"integer": "int", "number": "float", "string": "str", "boolean": "bool"}
+
+
+def spec_form_fields() -> dict[str, list[dict[str, Any]]]:
+    """The submit form's spec fields, drawn from the spec as the API takes it (``api_spec_schema``):
+    ``job`` (the top level, but the selects and what is not on the form), ``grpo`` and ``tools``."""
+    schema = api_spec_schema()["properties"]
+
+    def fields(properties: dict[str, Any], prefix: str) -> list[dict[str, Any]]:
+        out = []
+        for name, prop in properties.items():
+            path = f"{prefix}{name}"
+            if prop.get("type") == "object" or path in FORM_SELECTS or path in NOT_ON_THE_FORM:
+                continue
+            out.append({"name": f"spec.{path}", "id": "f-" + path.replace(".", "-").replace("_", "-"),
+                        "label": prop["x-label"], "type": _FORM_TYPES[prop["type"]], "value": prop.get("default"),
+                        "min": None if prop.get("exclusiveMinimum") else prop.get("minimum"),
+                        "max": None if prop.get("exclusiveMaximum") else prop.get("maximum"),
+                        "choices": prop.get("enum"), "help": prop.get("description", ""), "required": path == "steps"})
+        return out
+
+    return {"job": fields(schema, ""), "grpo": fields(schema["grpo"]["properties"], "grpo."),
+            "tools": fields(schema["tools"]["properties"], "tools.")}
+
+
 @login_required
 def job_new(request: HttpRequest) -> HttpResponse:
     """``/jobs/new/``: the submit form (posts the job as JSON to ``/api/v1/jobs/``); the GRPO
@@ -100,7 +129,7 @@ def job_new(request: HttpRequest) -> HttpResponse:
     organization, _ = _current(request)
     plan = organization.plan if organization else None
     return _page(request, "pages/job_new.html", title="Submit a job", module="job_new.js",
-                 grpo_defaults=dataclasses.asdict(GRPOConfig()), continues=_continuing(request, organization),
+                 spec_fields=spec_form_fields(), continues=_continuing(request, organization),
                  deployment_modes=DeploymentMode.choices,
                  # the priorities the organization's plan allows
                  priorities=[(v, label) for v, label in Priority.choices if plan and plan.allows_priority(v)],

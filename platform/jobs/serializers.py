@@ -5,6 +5,8 @@ spec itself is validated by the engine's ``JobSpec`` in ``services.job_create``,
 back as field errors named ``spec.<field>``.
 """
 
+import copy
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -12,6 +14,7 @@ from accounts.api import ModelSerializer, StrictFieldsMixin
 from accounts.models import Priority
 from billing.selectors import job_savings
 from billing.serializers import SavingsFiguresSerializer
+from engine.spec import spec_json_schema
 from jobs.lineage import lineage as lineage_of
 from jobs.models import DeploymentMode, Job, JobEvent, JobMetric, JobState
 from jobs.services import MAX_DEVICES_DECLARED
@@ -26,6 +29,36 @@ def _devices_field() -> serializers.IntegerField:
     )
 
 
+# --- the job spec -------------------------------------------------------------------------------
+
+# Spec fields the platform sets itself, never a tenant (the reason is the API's refusal).
+PLATFORM_SET_SPEC_FIELDS = {
+    "eval_dataset": "comes with the dataset (its evaluation file), not by hand",
+    "init_from": "set from continue_from (a job of the organization), not by hand",
+}
+
+
+def api_spec_schema() -> dict:
+    """The job spec as the API takes it: the engine's own schema (``engine.spec.spec_json_schema``:
+    every field typed, with its default, bounds and description), but ``dataset`` is the id of one
+    of the organization's datasets (the platform puts in its file) and the platform-set fields are
+    not a tenant's to give."""
+    schema = copy.deepcopy(spec_json_schema())
+    properties = schema["properties"]
+    properties["dataset"] = {"type": "integer", "nullable": True, "default": None, "x-label": "Dataset",
+                             "description": "Task dataset: the id of one of your organization's datasets "
+                                            "(GET datasets/)."}
+    for name in PLATFORM_SET_SPEC_FIELDS:
+        del properties[name]
+    return schema
+
+
+@extend_schema_field(api_spec_schema())
+class SpecField(serializers.DictField):
+    """A job spec: an object, validated by the engine's ``JobSpec`` (``services.job_create``); typed
+    in the OpenAPI schema field by field."""
+
+
 # --- input --------------------------------------------------------------------------------------
 
 
@@ -33,9 +66,7 @@ class JobCreateSerializer(StrictFieldsMixin, serializers.Serializer):
     """``POST jobs/``: a new job of the current organization."""
 
     name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    spec = serializers.DictField(
-        help_text="The engine's JobSpec: task, model, steps, seed, algorithm, grpo {...}, rollout, trainer, tp, tools."
-    )
+    spec = SpecField(help_text="The job's spec: task, model, steps, seed, grpo {...}, rollout, trainer, tp, tools.")
     rollout_devices = _devices_field()
     train_devices = _devices_field()
     deployment_mode = serializers.ChoiceField(choices=DeploymentMode.choices, default=DeploymentMode.ASYNC_SPLIT)
