@@ -109,3 +109,56 @@ def test_two_runs_picked_on_the_job_list_are_compared_curve_by_curve_with_their_
     page.goto(f"/compare/?jobs={slow.pk}")  # one run is nothing to compare
     expect(page.locator("#compare-error")).to_contain_text("Pick 2 to 8 runs")
     context.close()
+
+
+def test_a_yaml_spec_submitted_by_the_cli_gives_the_same_job_as_the_same_values_in_the_form(browser, server,
+                                                                                           tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from accounts.services import organization_create, token_create
+    from jobs.models import Job
+    from tests.platform.factories import PASSWORD, UserFactory
+
+    owner = UserFactory(username="grace")
+    organization = organization_create(name="Initech", owner=owner)
+    context = browser.new_context(base_url=server, viewport={"width": 1366, "height": 900})
+    page = context.new_page()
+    page.goto("/accounts/login/")
+    page.get_by_label("Username").fill("grace")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in", exact=True).click()
+    page.goto("/jobs/new/")
+    expect(page.locator("#job-form")).to_have_attribute("data-ready", "true")
+    page.get_by_label("Name", exact=True).fill("same")
+    page.get_by_label("Model", exact=True).select_option("tiny-arith")
+    page.get_by_label("Rollout backend", exact=True).select_option("torch")
+    page.get_by_label("Training backend", exact=True).select_option("torch")
+    page.get_by_label("Steps", exact=True).fill("7")
+    page.get_by_label("Seed", exact=True).fill("3")
+    page.get_by_label("Learning rate", exact=True).fill("0.001")
+    page.get_by_label("Max tokens", exact=True).fill("12")
+    page.get_by_label("Upper clip ε (0: clip ε)", exact=True).fill("0.28")  # a field the form lacked before
+    page.get_by_label("Learning-rate schedule", exact=True).select_option("constant")
+    page.get_by_label("Shuffle rewards (negative control)").check()
+    page.get_by_role("button", name="Submit job", exact=True).click()
+    expect(page).to_have_url(re.compile(r"/jobs/\d+/$"), timeout=30_000)
+    context.close()
+
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text("name: same\nmodel: tiny-arith\nrollout: torch\ntrainer: torch\nsteps: 7\nseed: 3\n"
+                         "grpo:\n  lr: 0.001\n  max_tokens: 12\n  clip_eps_high: 0.28\n  lr_schedule: constant\n"
+                         "  shuffle_rewards: true\n")
+    token = token_create(user=owner, organization=organization, name="cli")[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLEXRL_")} | {
+        "PLEXRL_URL": server, "PLEXRL_TOKEN": token}
+    done = subprocess.run([sys.executable, "-m", "plexrl", "jobs", "submit", str(spec_file)], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=live.REPO)
+    assert done.returncode == 0, done.stderr
+    from_form, from_cli = Job.objects.filter(organization=organization).order_by("pk")
+    assert from_cli.pk == int(done.stdout.strip())
+    assert from_form.spec == from_cli.spec
+    assert (from_form.spec["grpo"]["clip_eps_high"], from_form.spec["grpo"]["shuffle_rewards"]) == (0.28, True)
+    assert (from_form.name, from_form.rollout_devices, from_form.deployment_mode) == (
+        from_cli.name, from_cli.rollout_devices, from_cli.deployment_mode)
