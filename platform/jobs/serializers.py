@@ -175,7 +175,7 @@ class JobSerializer(ModelSerializer):
 
     @extend_schema_field(serializers.FloatField(allow_null=True))
     def get_device_hours(self, job: Job) -> float | None:
-        totals = getattr(job, "usage_totals", None) if hasattr(job, "_state") else None
+        totals = getattr(job, "usage_totals", None)  # (None: no usage ingested yet)
         return None if totals is None else totals.device_seconds / 3600.0
 
 
