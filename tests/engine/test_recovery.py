@@ -246,6 +246,7 @@ def test_the_engine_service_killed_mid_run_is_started_again_and_its_jobs_resume(
     wait_for_step(engine, "rec-service-a", 2)
     old = engine.actor
     ray.kill(old, no_restart=True)
+    dead(old)  # (ray.kill lands asynchronously: a call made at once may still reach the old service)
     assert engine.status("rec-service-a")["job"] == "rec-service-a"  # answered by a new service
     assert engine.actor != old
     events = wait_for(engine, "rec-service-a", finished)
@@ -258,6 +259,20 @@ def test_the_engine_service_killed_mid_run_is_started_again_and_its_jobs_resume(
     assert ray.get(scheduler.priority.remote("rec-service-b")) == 2.0
     engine.resume("rec-service-b")
     assert_recovered(wait_for(engine, "rec-service-b", finished), plain)
+
+
+def dead(actor, timeout_s: float = 30.0) -> None:
+    """Wait until ``actor``, killed, answers no more."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:  # busy, or on its way out
+            pass
+        assert time.monotonic() < deadline, "the killed actor still answers"
+        time.sleep(0.1)
 
 
 def recoveries_seq(events: list[dict]) -> float:
