@@ -7,6 +7,7 @@ Imports nothing heavy (no torch, Ray or vLLM): the control plane validates specs
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 from dataclasses import dataclass
 from typing import Any
@@ -210,9 +211,12 @@ class JobSpec:
         return cls(**nested, **data)
 
 
+@functools.cache
 def spec_json_schema() -> dict[str, Any]:
     """The job spec's JSON Schema (OpenAPI 3.0's dialect), from the dataclasses' own declarations
-    (``engine.fields``): what the API documents, the submit form draws and a spec file may hold."""
+    (``engine.fields``): what the API documents, the submit form draws and a spec file may hold.
+    Made once a process (it depends on the code and the backends installed): read it, never change
+    it (copy it first)."""
     return json_schema(JobSpec)
 
 
