@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 from playwright.sync_api import expect
 
+from tests.e2e.browsing import sign_in
 from tests.e2e.screenshots import screenshot
 from tests.platform import live
 
@@ -62,11 +63,7 @@ def test_two_runs_picked_on_the_job_list_are_compared_curve_by_curve_with_their_
 
     context = browser.new_context(base_url=server, viewport={"width": 1366, "height": 900})
     page = context.new_page()
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill("ada")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in", exact=True).click()
-    expect(page).to_have_url(re.compile(r"/jobs/$"))
+    sign_in(page, "ada", PASSWORD)
     expect(page.locator("#job-table")).to_have_attribute("data-loaded", "true")
 
     # the list's reward column, sorted: best first
@@ -125,10 +122,7 @@ def test_a_yaml_spec_submitted_by_the_cli_gives_the_same_job_as_the_same_values_
     organization = organization_create(name="Initech", owner=owner)
     context = browser.new_context(base_url=server, viewport={"width": 1366, "height": 900})
     page = context.new_page()
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill("grace")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in", exact=True).click()
+    sign_in(page, "grace", PASSWORD)
     page.goto("/jobs/new/")
     expect(page.locator("#job-form")).to_have_attribute("data-ready", "true")
     page.get_by_label("Name", exact=True).fill("same")

@@ -13,6 +13,7 @@ import time
 import pytest
 from playwright.sync_api import expect
 
+from tests.e2e.browsing import sign_in
 from tests.e2e.screenshots import screenshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -32,15 +33,6 @@ def _wait_for_rows(page, at_least: int, timeout_s: float = 180) -> int:
     # a locator wait, not wait_for_function: that evaluates a string, which the page's CSP forbids
     expect(page.locator("#step-rows tr").nth(at_least - 1)).to_be_attached(timeout=timeout_s * 1000)
     return _rows(page)
-
-
-def _sign_in(page, username: str, password: str) -> None:
-    page.goto("/jobs/")
-    expect(page).to_have_url(re.compile(r"/accounts/login/"))  # anonymous: to the sign-in page first
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(password)
-    page.get_by_role("button", name="Log in", exact=True).click()
-    expect(page).to_have_url(re.compile(r"/jobs/$"))
 
 
 def _upload_a_model_and_a_dataset(page, tmp_path) -> None:
@@ -94,7 +86,7 @@ def test_sign_in_submit_watch_pause_resume_cluster_cancel_and_download(page, liv
     organization_create(name="Acme", owner=owner)
     rival = UserFactory(username="grace")
     globex = organization_create(name="Globex", owner=rival)
-    _sign_in(page, "ada", PASSWORD)
+    sign_in(page, "ada", PASSWORD)
     _upload_a_model_and_a_dataset(page, tmp_path)
 
     # --- submit: a bad value first ---------------------------------------------------------------
