@@ -9,13 +9,19 @@ deployment and group, a held-out evaluation at step 0, every ``eval_every`` step
 step, and per step one rollout (with a tool: one ``generate`` per turn that still has callers, and
 the tool's stall between turns), the optional old-policy and reference ``forward`` passes,
 ``updates_per_step`` pairs of ``forward_backward`` and ``optim_step``, and a ``sync_weights``
-holding both groups; a ``save_checkpoint`` at the end.
+holding both groups; a ``save_checkpoint`` every ``checkpoint_every`` steps and the final one (the
+weights a job exports).
 
 Each planned call has a size (its *units*: sequences x max tokens for ``generate``, training rows
 for the passes); its seconds come from one of two bases:
 
-- ``model``: ``per_call + per_unit x units`` with constants measured on this machine class and
-  shipped in ``engine/accounting/calibration.json`` (re-measure with ``python tests/bench/estimate_calibrate.py``);
+- ``model``: ``warm_up + per_call x calls + per_unit x units`` with constants measured on this
+  machine class for the backend that runs the call (the rollout side's for ``generate`` and the
+  rollout copy's ``create``, the trainer's for the passes, the optimizer step, its ``create`` and the
+  checkpoints, the pair's for ``sync_weights``), shipped in ``engine/accounting/calibration.json``
+  (re-measure with ``python tests/bench/estimate_calibrate.py``). Start-up is in them: they are
+  measured on groups formed for the job, so a ``create`` includes loading the model and, for vLLM,
+  building its engine, and ``warm_up`` is what a fresh group's first calls take beyond the rest;
 - ``profile``: the same plan, each function's seconds scaled by measured/predicted of a finished job
   with the same cost-relevant shape (``PLEXRL_HOME/profiles/<shape>.json``, written by the job's
   driver when it succeeds, from its usage records).
@@ -28,6 +34,7 @@ so they enter the wall time of the counterfactual.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -127,10 +134,49 @@ def kept_fraction(accuracy: float, samples_per_prompt: int) -> float:
 # -- the plan ---------------------------------------------------------------------------------------
 
 
+def _checkpoints(spec: JobSpec) -> int:
+    """Checkpoints saved: every ``checkpoint_every`` steps before the last, then the final one."""
+    every = spec.grpo.checkpoint_every
+    return 1 + ((spec.steps - 1) // every if every else 0)
+
+
 def _evaluations(spec: JobSpec) -> int:
     """Held-out evaluations: one before training, then every ``eval_every`` steps and at the last."""
     every = spec.grpo.eval_every
     return 1 + spec.steps // every + (0 if spec.steps % every == 0 else 1)
+
+
+def _eval_size(spec: JobSpec) -> int:
+    """Problems a held-out evaluation answers: ``eval_size``, or fewer where a dataset job's held-out
+    set is smaller (read from its files; unreadable ones count as ``eval_size``: the job will fail
+    on them anyway)."""
+    if spec.task != "dataset":
+        return spec.grpo.eval_size
+    return min(spec.grpo.eval_size, _held_out_size(spec.dataset, spec.eval_dataset))
+
+
+def _file_version(path: str | None) -> tuple[str, int] | None:
+    if path is None:
+        return None
+    try:
+        return path, Path(path).stat().st_mtime_ns
+    except OSError:
+        return path, -1
+
+
+def _held_out_size(dataset: str, eval_dataset: str | None) -> int:
+    return _held_out_size_of(_file_version(dataset), _file_version(eval_dataset))
+
+
+@functools.lru_cache(maxsize=64)  # by path and modification time: an estimate reads a dataset once
+def _held_out_size_of(dataset: tuple[str, int], eval_dataset: tuple[str, int] | None) -> int:
+    from engine.tasks.datasets import DatasetError, DatasetTask
+
+    try:
+        task = DatasetTask(Path(dataset[0]), Path(eval_dataset[0]) if eval_dataset else None)
+    except (DatasetError, OSError):
+        return 1 << 30
+    return len(task.test)
 
 
 def _max_tokens(spec: JobSpec) -> int:
@@ -207,7 +253,7 @@ def plan(spec: JobSpec, calibration: dict[str, Any]) -> tuple[list[PlannedCall],
     # one training row per turn of each answer of a kept group
     rows = kept_fraction(task["accuracy"], g.samples_per_prompt) * samples * turns
     gen_calls, gen_units, stall = _rollout(samples, spec, task)
-    eval_calls, eval_units, eval_stall = _rollout(g.eval_size, spec, task)
+    eval_calls, eval_units, eval_stall = _rollout(_eval_size(spec), spec, task)
     evals, steps = _evaluations(spec), spec.steps
     both = (ROLLOUT, TRAIN)
     calls = [PlannedCall("policy", "create", (TRAIN,), 1), PlannedCall("policy", "create", (ROLLOUT,), 1)]
@@ -224,20 +270,47 @@ def plan(spec: JobSpec, calibration: dict[str, Any]) -> tuple[list[PlannedCall],
     calls += [PlannedCall("policy", "forward_backward", (TRAIN,), updates, steps * rows),
               PlannedCall("policy", "optim_step", (TRAIN,), updates),
               PlannedCall("policy", "sync_weights", both, steps),
-              PlannedCall("policy", "save_checkpoint", (TRAIN,), 1)]
+              PlannedCall("policy", "save_checkpoint", (TRAIN,), _checkpoints(spec))]
     return calls, steps * stall + evals * eval_stall, rows
 
 
-def _model_seconds(call: PlannedCall, calibration: dict[str, Any]) -> float:
-    key = "create_reference" if call.fn == "create" and call.role == "reference" else call.fn
-    c = calibration["functions"][key]
-    return c["per_call"] * call.count + c.get("per_unit", 0.0) * call.units
+def function_key(role: str, fn: str, wpgs: tuple[str, ...]) -> str:
+    """A call's entry in a backend's calibration: its function, a ``create`` by what it makes (the
+    trainer's policy, the rollout copy, the reference: they load different things)."""
+    if fn != "create":
+        return fn
+    if role == "reference":
+        return "create_reference"
+    return "create_rollout" if wpgs == (ROLLOUT,) else "create"
+
+
+def pair_key(rollout: str, trainer: str) -> str:
+    return f"{rollout}+{trainer}"
+
+
+def call_constants(spec: JobSpec, call: PlannedCall, calibration: dict[str, Any]) -> dict[str, float]:
+    """The constants of ``call`` in ``spec``'s backends: a call holding both groups (the weight sync)
+    from the pair's entry, else from the backend of the side it runs on."""
+    key = function_key(call.role, call.fn, call.wpgs)
+    if len(call.wpgs) > 1:
+        return calibration["pairs"][pair_key(spec.rollout, spec.trainer)][key]
+    backend = spec.rollout if call.wpgs == (ROLLOUT,) else spec.trainer
+    return calibration["backends"][backend][key]
+
+
+def _model_seconds(spec: JobSpec, call: PlannedCall, calibration: dict[str, Any]) -> float:
+    """``warm_up`` (once a job: what a fresh group's first calls of the function take beyond the
+    rest, e.g. vLLM's first batch) + ``per_call`` x calls + ``per_unit`` x units."""
+    c = call_constants(spec, call, calibration)
+    if call.count <= 0:
+        return 0.0
+    return c.get("warm_up", 0.0) + c["per_call"] * call.count + c.get("per_unit", 0.0) * call.units
 
 
 def host_terms(spec: JobSpec) -> tuple[float, float, float]:
     """What the driver's host work between calls grows with: (one per job: loading the tokenizer and
     the evaluation set; steps; answers evaluated, each scored on the host)."""
-    return 1.0, float(spec.steps), float(_evaluations(spec) * spec.grpo.eval_size)
+    return 1.0, float(spec.steps), float(_evaluations(spec) * _eval_size(spec))
 
 
 def _model_gap(spec: JobSpec, calibration: dict[str, Any]) -> float:
@@ -251,7 +324,7 @@ def model_estimate(spec: JobSpec, calibration: dict[str, Any] | None = None) -> 
     """The cost model's estimate (basis "model")."""
     calibration = calibration or load_calibration()
     calls, stall, _ = plan(spec, calibration)
-    timed = tuple(dataclasses.replace(c, seconds=_model_seconds(c, calibration)) for c in calls)
+    timed = tuple(dataclasses.replace(c, seconds=_model_seconds(spec, c, calibration)) for c in calls)
     return Estimate(spec, timed, stall + _model_gap(spec, calibration), "model")
 
 

@@ -10,9 +10,12 @@ device slot and one thread each, as the engine service runs them; a fresh ``PLEX
 - task constants from the jobs' metrics: the mean train accuracy per task (the fraction of prompt
   groups kept for training follows from it, ``engine.accounting.estimate.kept_fraction``), tool calls per
   answer, and the per-turn call rate that gives them;
-- per function, a least-squares fit of its measured seconds (usage records' end - start, all calls of
-  the job together) against the plan's call count and units (``engine.accounting.estimate.plan``):
-  ``seconds = per_call x calls + per_unit x units``, clipped at zero;
+- per backend and function (the weight sync: per pair of backends), a least-squares fit of its
+  measured seconds (usage records' end - start, all calls of the job together) against the plan's
+  call count and units (``engine.accounting.estimate.plan``): ``seconds = warm_up + per_call x
+  calls + per_unit x units`` (``warm_up``, once a run, only for the functions whose seconds grow with
+  size: a fresh group's first batch costs more than the rest, vLLM's most), coefficients kept >= 0,
+  over the runs in which that backend ran that function;
 - the driver's host seconds between calls (span less held seconds less tool stalls) against one per
   job, steps and evaluated answers (``engine.accounting.estimate.host_terms``), coefficients kept >= 0.
 
@@ -35,7 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from estimate_runs import CALIBRATION, fresh_home, run_alone
 
-from engine.accounting.estimate import CALIBRATION_PATH, UNIT_FUNCTIONS, host_terms, plan
+from engine.accounting.estimate import (
+    CALIBRATION_PATH,
+    ROLLOUT,
+    UNIT_FUNCTIONS,
+    function_key,
+    host_terms,
+    pair_key,
+    plan,
+)
 from engine.spec import JobSpec
 
 
@@ -65,12 +76,25 @@ def task_constants(runs: dict[str, Any]) -> dict[str, dict[str, float]]:
     return tasks
 
 
-def _measured(run: dict[str, Any]) -> tuple[dict[str, float], float]:
-    """Seconds per function key (a call on two groups once) and the host gap of one run."""
+def _scope(spec: JobSpec, wpgs: tuple[str, ...]) -> str:
+    """Where a call's constants live: its pair of backends (a call on both groups), else the backend
+    of its side."""
+    if len(wpgs) > 1:
+        return pair_key(spec.rollout, spec.trainer)
+    return spec.rollout if wpgs == (ROLLOUT,) else spec.trainer
+
+
+def _measured(run: dict[str, Any], spec: JobSpec) -> tuple[dict[tuple[str, str], float], float]:
+    """Seconds per (scope, function key) (a call on two groups once) and the host gap of one run.
+    A group's side is in its name (``<backend>-<side>...``, the service's naming)."""
+    sides: dict[int, list[str]] = {}
+    for u in run["usage"]:
+        sides.setdefault(u["call"], []).append(u["wpg"].split("-")[1])
     calls = {u["call"]: u for u in run["usage"]}
-    seconds: dict[str, float] = {}
-    for u in calls.values():
-        key = "create_reference" if u["fn"] == "create" and u["role"] == "reference" else u["fn"]
+    seconds: dict[tuple[str, str], float] = {}
+    for call, u in calls.items():
+        wpgs = tuple(sorted(set(sides[call])))  # ("rollout", "train") as the plan orders them
+        key = (_scope(spec, wpgs), function_key(u["role"], u["fn"], wpgs))
         seconds[key] = seconds.get(key, 0.0) + u["end"] - u["start"]
     span = max(u["end"] for u in run["usage"]) - min(u["start"] for u in run["usage"])
     stall = sum(t.get("tool_stall", 0.0) for t in run["timings"])
@@ -94,39 +118,42 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> list[float]:
 def fit(runs: dict[str, Any]) -> dict[str, Any]:
     tasks = task_constants(runs)
     partial = {"tasks": tasks}
-    rows: dict[str, list[tuple[float, float, float]]] = {}  # key -> (calls, units, seconds) per run
+    rows: dict[tuple[str, str], list[tuple[float, float, float]]] = {}  # (scope, key) -> (calls, units, s) per run
     host: list[tuple[float, ...]] = []  # (*host_terms, gap seconds)
     for run in runs.values():
         spec = JobSpec.from_dict(run["spec"])
         planned, _, _ = plan(spec, partial)
-        seconds, gap = _measured(run)
-        totals: dict[str, list[float]] = {}
+        seconds, gap = _measured(run, spec)
+        totals: dict[tuple[str, str], list[float]] = {}
         for c in planned:
-            key = "create_reference" if c.fn == "create" and c.role == "reference" else c.fn
-            t = totals.setdefault(key, [0.0, 0.0])
+            t = totals.setdefault((_scope(spec, c.wpgs), function_key(c.role, c.fn, c.wpgs)), [0.0, 0.0])
             t[0] += c.count
             t[1] += c.units
         for key, (count, units) in totals.items():
             rows.setdefault(key, []).append((count, units, seconds.get(key, 0.0)))
         host.append((*host_terms(spec), gap))
-    functions = {}
-    for key, data in sorted(rows.items()):
+    backends: dict[str, dict[str, Any]] = {}
+    pairs: dict[str, dict[str, Any]] = {}
+    for (scope, key), data in sorted(rows.items()):
         a = np.array(data)
-        if key in UNIT_FUNCTIONS:
-            per_call, per_unit = _nonnegative_fit(a[:, :2], a[:, 2])
-            functions[key] = {"per_call": per_call, "per_unit": per_unit}
+        if key in UNIT_FUNCTIONS:  # a job's first calls on a fresh group warm it up: an intercept per run
+            warm_up, per_call, per_unit = _nonnegative_fit(np.column_stack([np.ones(len(a)), a[:, :2]]), a[:, 2])
+            constants = {"warm_up": warm_up, "per_call": per_call, "per_unit": per_unit}
         else:
-            functions[key] = {"per_call": float(a[:, 2].sum() / a[:, 0].sum())}
+            constants = {"per_call": float(a[:, 2].sum() / a[:, 0].sum())}
+        (pairs if "+" in scope else backends).setdefault(scope, {})[key] = constants
     h = np.array(host)
     host_fit = _nonnegative_fit(h[:, :-1], h[:, -1])
     return {
         "measured": {"at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "machine": platform.machine(),
                      "python": platform.python_version(), "command": "python tests/bench/estimate_calibrate.py",
                      "jobs": {name: run["spec"] for name, run in runs.items()},
-                     "groups": "torch rollout + torch train, 1 device slot and 1 torch thread each"},
+                     "groups": "a rollout and a train group formed for each job by the engine service "
+                               "(1 device slot and 1 torch thread each)"},
         "units": {"generate": "sequences x max tokens per turn", "forward": "training rows",
                   "forward_backward": "training rows"},
-        "functions": functions,
+        "backends": backends,
+        "pairs": pairs,
         "host": dict(zip(("per_job", "per_step", "per_eval_answer"), host_fit, strict=True)),
         "tasks": tasks,
     }
@@ -147,7 +174,7 @@ def main() -> int:
     calibration = fit(runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(calibration, indent=1) + "\n")
-    print(json.dumps({k: calibration[k] for k in ("functions", "host", "tasks")}, indent=1))
+    print(json.dumps({k: calibration[k] for k in ("backends", "pairs", "host", "tasks")}, indent=1))
     return 0
 
 

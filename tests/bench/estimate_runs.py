@@ -1,10 +1,13 @@
-"""Run small real jobs alone, the way the engine service runs them, and keep what they measured.
+"""Run small real jobs alone, the way the platform runs them, and keep what they measured.
 
 Shared by ``estimate_calibrate.py`` (measures the cost model's constants) and
-``estimate_accuracy.py`` (compares pre-run estimates with what the jobs were billed). Each job runs
-on a rollout and a train worker group of its own (torch, one device slot and one torch thread per
-group, as ``engine.spec.ServiceConfig``'s defaults), in a fresh temporary ``PLEXRL_HOME`` that
-holds only links to the built model presets: no earlier profiles.
+``estimate_accuracy.py`` (compares pre-run estimates with what the jobs were billed). Each job is
+submitted to the engine service (``EngineClient``, as the platform submits it; the service's default
+config: one device slot and one torch thread per group) and runs alone on groups formed for it and
+released when it ends (``idle_release_s=0``): every job pays its groups' model loads and, on vLLM,
+its engine's start, as the first job of its shape on a quiet platform does. A fresh temporary
+``PLEXRL_HOME`` holds only links to the built model presets (and the benchmark's datasets): no
+earlier profiles.
 
     python tests/bench/estimate_runs.py --out runs.json   # the calibration shapes, raw
 """
@@ -24,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 PRESETS = ("tiny-arith", "tiny-arith-tools")
+TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def fresh_home() -> Path:
@@ -31,41 +35,52 @@ def fresh_home() -> Path:
     environment (Ray's workers inherit it)."""
     home = Path(tempfile.mkdtemp(prefix="plexrl-estimate-"))
     (home / "models").mkdir()
-    source = REPO / ".plexrl" / "models"
+    source = Path(os.environ.get("PLEXRL_MODELS", REPO / ".plexrl" / "models"))
     for name in PRESETS:
         (home / "models" / name).symlink_to(source / name)
     os.environ["PLEXRL_HOME"] = str(home)
     return home
 
 
-def run_alone(specs: dict[str, dict[str, Any]], home: Path) -> dict[str, dict[str, Any]]:
-    """Run each job alone on a pair of groups of its own; for each: its spec, usage records,
-    per-step metrics and wall seconds."""
-    from engine.api import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
-    from engine.service.eventlog import read_events
-    from engine.service.runtime import EngineConfig, JobRun, LocalEngine, run_jobs
-    from engine.spec import JobSpec
+def _progress(total: int):
+    from tqdm import tqdm
 
-    os.environ["RAY_ADDRESS"] = "local"  # a Ray of our own, never a cluster someone else started here
+    return tqdm(total=total, unit="job", disable=not sys.stderr.isatty())
+
+
+def run_alone(specs: dict[str, dict[str, Any]], home: Path) -> dict[str, dict[str, Any]]:
+    """Run each job alone through the engine service; for each: its spec (as the service resolved
+    it: backends filled in), usage records, per-step metrics and timings, and wall seconds."""
+    from engine.control import EngineClient
+    from engine.spec import JobSpec, ServiceConfig
+
+    os.environ.pop("RAY_ADDRESS", None)  # a Ray of our own, never a cluster someone else started here
     out: dict[str, dict[str, Any]] = {}
-    config = EngineConfig(devices=2, threads_per_rank=1, num_cpus=2)
-    with LocalEngine(config, data_dir=home) as engine:
+    engine = EngineClient(data_dir=home, config=ServiceConfig(idle_release_s=0.0))
+    bar = _progress(len(specs))
+    try:
         for name, raw in specs.items():
-            spec = JobSpec.from_dict(raw)
-            groups = [engine.start_group(f"{name}-{side}", "torch", devices_per_rank=1.0, threads=1, serves=serves)
-                      for side, serves in (("rollout", ROLLOUT_FUNCTIONS), ("train", TRAIN_FUNCTIONS))]
-            path = home / "jobs" / name / "events.jsonl"
+            spec = JobSpec.from_dict(raw).to_dict()
             t0 = time.time()
-            run_jobs([JobRun(name, spec, path)], groups, poll_s=0.05)
-            events = read_events(path)
-            out[name] = {"spec": spec.to_dict(), "wall_s": time.time() - t0,
+            engine.submit_job(name, spec)
+            while (state := engine.status(name)["state"]) not in TERMINAL:
+                time.sleep(0.2)
+            events, after = [], 0
+            while batch := engine.events(name, after, 10_000):
+                events += batch
+                after = batch[-1]["seq"]
+            if state != "succeeded":
+                raise RuntimeError(f"{name} ended {state}: {events[-1]['data']}")
+            out[name] = {"spec": spec, "wall_s": time.time() - t0,
                          "usage": [e["data"] for e in events if e["kind"] == "usage"],
                          "metrics": [e["data"] for e in events if e["kind"] == "metrics"],
                          "timings": [e["data"] for e in events if e["kind"] == "timings"]}
-            for g in groups:
-                g.shutdown()
-                engine.groups.remove(g)
-            print(f"{name}: {out[name]['wall_s']:.1f} s, {len(out[name]['usage'])} calls", file=sys.stderr)
+            bar.update()
+            bar.write(f"{name} ({spec['rollout']}+{spec['trainer']}): {out[name]['wall_s']:.1f} s, "
+                      f"{len(out[name]['usage'])} usage records", file=sys.stderr)
+    finally:
+        bar.close()
+        engine.shutdown()
     return out
 
 
@@ -74,26 +89,31 @@ def grpo(**kw: Any) -> dict[str, Any]:
 
 
 # The calibration shapes: small, and deliberately not the accuracy benchmark's shapes, with sizes
-# that differ enough to separate each function's per-call cost from its per-unit cost.
-CALIBRATION = {
-    "cal-small": {"task": "arith", "model": "tiny-arith", "steps": 4, "seed": 11, "rollout": "torch",
-                  "trainer": "torch", "grpo": grpo(prompts_per_step=4, samples_per_prompt=4, updates_per_step=2,
-                                                   eval_every=2, eval_size=50)},
-    "cal-wide": {"task": "arith", "model": "tiny-arith", "steps": 4, "seed": 12, "rollout": "torch",
-                 "trainer": "torch", "grpo": grpo(prompts_per_step=32, samples_per_prompt=8, updates_per_step=2,
-                                                  eval_every=4, eval_size=200)},
-    "cal-passes": {"task": "arith", "model": "tiny-arith", "steps": 4, "seed": 13, "rollout": "torch",
-                   "trainer": "torch", "grpo": grpo(prompts_per_step=16, samples_per_prompt=4, updates_per_step=6,
-                                                    eval_every=4, eval_size=20, kl_coef=0.05,
-                                                    recompute_logprobs=True)},
-    "cal-long": {"task": "arith", "model": "tiny-arith", "steps": 12, "seed": 15, "rollout": "torch",
-                 "trainer": "torch", "grpo": grpo(prompts_per_step=4, samples_per_prompt=4, updates_per_step=1,
-                                                  eval_every=6, eval_size=100)},
-    "cal-tools": {"task": "arith-tools", "model": "tiny-arith-tools", "steps": 4, "seed": 14, "rollout": "torch",
-                  "trainer": "torch", "tools": {"latency_median_s": 0.2, "latency_p99_s": 1.0, "max_calls": 2},
-                  "grpo": grpo(prompts_per_step=16, samples_per_prompt=4, updates_per_step=2, eval_every=4,
-                               eval_size=100)},
+# that differ enough to separate each function's per-call cost from its per-unit cost. Each runs on
+# torch groups; the vLLM rollout and the Megatron trainer run the ones that separate their own
+# functions' costs; every pair of backends runs at least one (its weight sync is the pair's).
+_BASE = {
+    "small": {"task": "arith", "model": "tiny-arith", "steps": 4, "seed": 11,
+              "grpo": grpo(prompts_per_step=4, samples_per_prompt=4, updates_per_step=2, eval_every=2, eval_size=50)},
+    "wide": {"task": "arith", "model": "tiny-arith", "steps": 4, "seed": 12,
+             "grpo": grpo(prompts_per_step=32, samples_per_prompt=8, updates_per_step=2, eval_every=4,
+                          eval_size=200)},
+    "passes": {"task": "arith", "model": "tiny-arith", "steps": 4, "seed": 13,
+               "grpo": grpo(prompts_per_step=16, samples_per_prompt=4, updates_per_step=6, eval_every=4, eval_size=20,
+                            kl_coef=0.05, recompute_logprobs=True)},
+    "long": {"task": "arith", "model": "tiny-arith", "steps": 12, "seed": 15,
+             "grpo": grpo(prompts_per_step=4, samples_per_prompt=4, updates_per_step=1, eval_every=6, eval_size=100)},
+    "tools": {"task": "arith-tools", "model": "tiny-arith-tools", "steps": 4, "seed": 14,
+              "tools": {"latency_median_s": 0.2, "latency_p99_s": 1.0, "max_calls": 2},
+              "grpo": grpo(prompts_per_step=16, samples_per_prompt=4, updates_per_step=2, eval_every=4,
+                           eval_size=100)},
 }
+_PAIRS = {("torch", "torch"): ("small", "wide", "passes", "long", "tools"),
+          ("vllm", "megatron"): ("small", "wide", "passes", "long", "tools"),
+          ("vllm", "torch"): ("small",),
+          ("torch", "megatron"): ("small",)}
+CALIBRATION = {f"cal-{base}-{rollout}-{trainer}": {**_BASE[base], "rollout": rollout, "trainer": trainer}
+               for (rollout, trainer), bases in _PAIRS.items() for base in bases}
 
 
 def main() -> int:

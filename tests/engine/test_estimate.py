@@ -14,6 +14,7 @@ from engine.accounting.estimate import (
     expected_max,
     kept_fraction,
     load_calibration,
+    model_estimate,
     plan,
     read_profile,
     shape_key,
@@ -42,7 +43,7 @@ def test_the_plan_makes_the_calls_the_grpo_loop_makes():
     assert calls[("policy", "create")] == {"count": 2, "wpgs": {"train", "rollout"}}  # both sides of a split
     assert calls[("policy", "generate")]["count"] == 20 + 3  # a rollout per step; evaluations at 0, 10, 20
     assert calls[("policy", "sync_weights")] == {"count": 20, "wpgs": {"train", "rollout"}}
-    assert calls[("policy", "save_checkpoint")]["count"] == 1
+    assert calls[("policy", "save_checkpoint")]["count"] == 2  # at step 10 (checkpoint_every) and the final one
     assert calls[("policy", "forward_backward")]["count"] == calls[("policy", "optim_step")]["count"] <= 20 * 8
     assert ("policy", "forward") not in calls
     assert ("reference", "create") not in calls
@@ -142,3 +143,76 @@ def test_a_step_trains_on_as_many_minibatches_as_it_has_rows():
     assert _expected_updates(8, 1.0, 4, 8) == 8.0
     assert 0 < _expected_updates(8, 0.2, 4, 8) < 8  # sometimes fewer rows than minibatches
     assert _expected_updates(4096, 0.9, 8, 8) == pytest.approx(8.0)  # thousands of prompts do not underflow
+
+
+def test_checkpoints_are_planned_as_the_loop_saves_them():
+    def saves(steps: int, every: int) -> float:
+        spec = dataclasses.replace(SPEC, steps=steps, grpo=dataclasses.replace(SPEC.grpo, checkpoint_every=every))
+        return calls_of(spec)[("policy", "save_checkpoint")]["count"]
+
+    assert saves(20, 10) == 2  # step 10, then the final one (none at step 20 besides it)
+    assert saves(25, 10) == 3
+    assert saves(9, 10) == 1
+    assert saves(20, 0) == 1  # periodic checkpoints off: the final one only
+
+
+def test_every_backend_and_pair_is_calibrated():
+    """A backend a job may name without constants would make its estimate fail at submission."""
+    from engine.spec import ROLLOUT_BACKENDS, TRAINER_BACKENDS
+
+    calibration = load_calibration()
+    for rollout in ROLLOUT_BACKENDS:
+        assert {"generate", "create_rollout"} <= set(calibration["backends"][rollout]), rollout
+        for trainer in TRAINER_BACKENDS:
+            assert "sync_weights" in calibration["pairs"][f"{rollout}+{trainer}"], (rollout, trainer)
+    for trainer in TRAINER_BACKENDS:
+        assert {"create", "create_reference", "forward", "forward_backward", "optim_step",
+                "save_checkpoint"} <= set(calibration["backends"][trainer]), trainer
+
+
+def test_each_call_is_timed_by_the_backend_that_runs_it():
+    from engine.accounting.estimate import call_constants
+
+    calibration = {"tasks": load_calibration()["tasks"], "host": {"per_job": 0, "per_step": 0, "per_eval_answer": 0},
+                   "backends": {}, "pairs": {}}
+    fns = ("create", "create_rollout", "create_reference", "generate", "forward", "forward_backward", "optim_step",
+           "save_checkpoint")
+    for n, backend in enumerate(("torch", "vllm", "megatron"), start=1):
+        calibration["backends"][backend] = {fn: {"per_call": float(n), "per_unit": 0.0} for fn in fns}
+    for pair, seconds in (("vllm+megatron", 7.0), ("torch+torch", 5.0)):
+        calibration["pairs"][pair] = {"sync_weights": {"per_call": seconds}}
+    spec = dataclasses.replace(SPEC, rollout="vllm", trainer="megatron")
+    timed = model_estimate(spec, calibration)
+    per_call = {(c.role, c.fn, c.wpgs): c.seconds / c.count for c in timed.calls}
+    assert per_call[("policy", "generate", ("rollout",))] == 2.0  # vLLM's
+    assert per_call[("policy", "create", ("rollout",))] == 2.0
+    assert per_call[("policy", "create", ("train",))] == 3.0  # Megatron's
+    assert per_call[("policy", "forward_backward", ("train",))] == 3.0
+    assert per_call[("policy", "sync_weights", ("rollout", "train"))] == 7.0  # the pair's
+    plain = model_estimate(SPEC, calibration)
+    assert {c.seconds / c.count for c in plain.calls if c.fn != "sync_weights"} == {1.0}
+    with pytest.raises(KeyError):  # a pair nobody calibrated is no silent zero
+        call_constants(dataclasses.replace(SPEC, rollout="torch", trainer="megatron"),
+                       next(c for c in plain.calls if c.fn == "sync_weights"), calibration)
+
+
+def test_a_dataset_job_evaluates_no_more_problems_than_its_held_out_set(tmp_path):
+    import json
+
+    from engine.tasks.datasets import DatasetTask
+
+    path = tmp_path / "problems.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(300)))
+    held_out = len(DatasetTask(path).test)
+    assert 0 < held_out < 100
+    spec = JobSpec(task="dataset", model="tiny-arith", dataset=str(path), steps=10, rollout="torch", trainer="torch",
+                   grpo=GRPOConfig(prompts_per_step=8, samples_per_prompt=4, eval_every=5, eval_size=500))
+    planned, _, _ = plan(spec, load_calibration())
+    generate = next(c for c in planned if c.fn == "generate")
+    answers = 10 * 8 * 4 + 3 * held_out  # rollouts, and three evaluations of the held-out set (not 500)
+    assert generate.units == answers * spec.grpo.max_tokens
+    bigger = tmp_path / "more.jsonl"
+    bigger.write_text(path.read_text() + "".join(json.dumps({"prompt": f"{a}*3=", "answer": str(3 * a)}) + "\n"
+                                                   for a in range(300)))
+    more = dataclasses.replace(spec, dataset=str(bigger))
+    assert next(c for c in plan(more, load_calibration())[0] if c.fn == "generate").units > generate.units
