@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CliError
+from engine.support.progress import is_tty, progress_bar
 from plexrl_client import TERMINAL_STATES, ServiceClient
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -227,8 +228,12 @@ def add_jobs(sub: argparse._SubParsersAction) -> None:
     x = jsub.add_parser("export", parents=[common], help="a job's metrics and spec into an experiment tracker",
                         description="Write a job's metrics (every step) and its spec to TensorBoard event files, "
                                     "an MLflow run or a Weights & Biases run, from this machine, with the "
-                                    "tracker's own library (pip install tensorboard, mlflow-skinny or wandb).")
-    x.add_argument("job", type=int, metavar="ID")
+                                    "tracker's own library (pip install tensorboard, mlflow-skinny or wandb); "
+                                    "with --all, every job of the organization (--state: those in it), a run each.")
+    which = x.add_mutually_exclusive_group(required=True)
+    which.add_argument("job", type=int, metavar="ID", nargs="?")
+    which.add_argument("--all", action="store_true", help="every job of the organization, instead of one")
+    x.add_argument("--state", help="with --all: only the jobs in this state (queued, running, succeeded, ...)")
     to = x.add_mutually_exclusive_group(required=True)
     to.add_argument("--tensorboard", type=Path, metavar="LOGDIR", help="event files under LOGDIR/<job name>/")
     to.add_argument("--mlflow", metavar="TRACKING_URI", help="a run at an MLflow tracking URI (file:./mlruns, "
@@ -429,14 +434,19 @@ def cmd_jobs_download(args: argparse.Namespace) -> int:
 def cmd_jobs_export(args: argparse.Namespace) -> int:
     from plexrl_client import trackers
 
+    if args.state and not args.all:
+        raise CliError("--state selects the jobs of --all; with one job ID it means nothing")
     client = _client(args)
-    if args.tensorboard is not None:
-        print(trackers.to_tensorboard(client, args.job, args.tensorboard))
-    elif args.mlflow is not None:
-        print(f"MLflow run {trackers.to_mlflow(client, args.job, args.mlflow, experiment=args.experiment)}")
-    else:
-        run = trackers.to_wandb(client, args.job, project=args.wandb, mode=args.wandb_mode, directory=args.wandb_dir)
-        print(f"W&B run {run}")
+    ids = [job["id"] for job in client.jobs(args.state)] if args.all else [args.job]
+    for job_id in progress_bar(ids, desc="export", unit="job", enabled=args.all and is_tty()):
+        if args.tensorboard is not None:  # with --all, a folder a run by name and id: names may repeat
+            print(trackers.to_tensorboard(client, job_id, args.tensorboard, by_id=args.all))
+        elif args.mlflow is not None:
+            print(f"MLflow run {trackers.to_mlflow(client, job_id, args.mlflow, experiment=args.experiment)}")
+        else:
+            run = trackers.to_wandb(client, job_id, project=args.wandb, mode=args.wandb_mode,
+                                    directory=args.wandb_dir)
+            print(f"W&B run {run}")
     return 0
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import time
 import zipfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
@@ -68,16 +68,19 @@ async def file_stream(path: Path) -> AsyncIterator[bytes]:
             yield chunk
 
 
-def tensorboard_archive(job: dict, steps: list[dict], root: str) -> bytes:
-    """``job``'s metrics (``steps``: ``{"step", "data"}`` rows) as a TensorBoard event file, zipped
-    under ``root/<run name>/`` (small: held in memory)."""
+def tensorboard_archive(runs: Iterable[tuple[dict, list[dict]]], root: str, *, by_id: bool = False) -> bytes:
+    """Each run's metrics (a job dict and its ``{"step", "data"}`` rows) as a TensorBoard event
+    file, zipped under ``root/<run name>/`` (``by_id``: ``root/<run name>-<id>/``, for many jobs, whose
+    names may repeat); one file at a time, so a folder holds only the run being written."""
     import tempfile
 
-    from plexrl_client.trackers import run_name, tensorboard_files
+    from plexrl_client.trackers import run_folder, tensorboard_files
 
-    with tempfile.TemporaryDirectory(prefix="plexrl-tensorboard-") as tmp:
-        written = tensorboard_files(job, steps, Path(tmp) / run_name(job))
-        out = io.BytesIO()
-        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
-            archive.write(written, f"{root}/{run_name(job)}/{written.name}")
-        return out.getvalue()
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as archive:
+        for job, steps in runs:
+            folder = run_folder(job, by_id=by_id)
+            with tempfile.TemporaryDirectory(prefix="plexrl-tensorboard-") as tmp:
+                written = tensorboard_files(job, steps, Path(tmp) / folder)
+                archive.write(written, f"{root}/{folder}/{written.name}")
+    return out.getvalue()

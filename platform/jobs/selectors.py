@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.db import connections
-from django.db.models import Count, Exists, FloatField, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, F, FloatField, OuterRef, Q, QuerySet, Subquery
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.http import Http404
@@ -16,12 +16,18 @@ from accounts.models import Membership, Organization, Role
 from accounts.sql import ModelColumns, fetch_one
 from jobs.models import ACTIVE_STATES, Job, JobEvent, JobMetric
 
+# ``ordering`` names (``jobs.serializers.JOB_ORDERINGS``) -> what they sort on
+_ORDER_BY = {"created_at": "created_at", "latest_reward": "latest_reward", "eval_accuracy": "eval_accuracy",
+             "device_hours": "usage_totals__device_seconds", "last_step": "last_step", "name": "name"}
 
-def jobs_of(*, organization: Organization, state: str | None = None, search: str | None = None) -> QuerySet[Job]:
+
+def jobs_of(*, organization: Organization, state: str | None = None, search: str | None = None,
+            ordering: str | None = None) -> QuerySet[Job]:
     """The organization's jobs, newest first, each annotated with ``last_step`` (its highest
     metrics step, or None), ``latest_reward`` and ``eval_accuracy`` (the latest step's that has
     one, or None), its usage totals alongside (its cost). ``state``: only jobs in that state;
-    ``search``: a piece of the name."""
+    ``search``: a piece of the name; ``ordering``: a column of ``_ORDER_BY``, descending with a
+    leading "-", jobs without the number last either way (then newest first)."""
     jobs = Job.objects.filter(organization=organization)
     if state:
         jobs = jobs.filter(state=state)
@@ -30,10 +36,16 @@ def jobs_of(*, organization: Organization, state: str | None = None, search: str
     # a correlated subquery on the (job, step) index, evaluated for the rows a page returns; a
     # Max() over a join would aggregate every metrics row of every job before paginating
     steps = JobMetric.objects.filter(job=OuterRef("pk")).order_by("-step")
-    return jobs.select_related("created_by", "usage_totals").annotate(
+    jobs = jobs.select_related("created_by", "usage_totals").annotate(
         last_step=Subquery(steps.values("step")[:1]),
         latest_reward=_latest(steps, "reward_mean"), eval_accuracy=_latest(steps, "eval_accuracy"),
-    ).order_by("-created_at", "-id")
+    )
+    newest = ("-created_at", "-id")
+    if not ordering:
+        return jobs.order_by(*newest)
+    column = F(_ORDER_BY[ordering.removeprefix("-")])
+    first = column.desc(nulls_last=True) if ordering.startswith("-") else column.asc(nulls_last=True)
+    return jobs.order_by(first, *newest)
 
 
 def _latest(steps: QuerySet[JobMetric], key: str) -> Subquery:

@@ -87,6 +87,10 @@ class JobCancelSerializer(StrictFieldsMixin, serializers.Serializer):
     reason = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
 
 
+# the list's sortable columns (``?ordering=``), as ``jobs.selectors.jobs_of`` orders them
+JOB_ORDERINGS = ("created_at", "latest_reward", "eval_accuracy", "device_hours", "last_step", "name")
+
+
 class JobFilterSerializer(serializers.Serializer):
     """Query parameters of ``GET jobs/``."""
 
@@ -95,6 +99,11 @@ class JobFilterSerializer(serializers.Serializer):
     )
     search = serializers.CharField(
         max_length=200, required=False, allow_blank=True, help_text="A piece of the job's name."
+    )
+    ordering = serializers.ChoiceField(
+        choices=[f"{sign}{key}" for key in JOB_ORDERINGS for sign in ("", "-")], required=False, allow_blank=True,
+        help_text="Sort by this column, largest first with a leading '-' (jobs without the number last either "
+                  "way); default: newest first.",
     )
 
 

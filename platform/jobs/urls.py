@@ -9,6 +9,7 @@ app_name = "jobs"
 urlpatterns = [
     path("jobs/", views.JobListCreateView.as_view(), name="jobs"),
     path("jobs/estimate/", views.JobEstimateView.as_view(), name="job-estimate"),
+    path("jobs/tensorboard.zip", views.OrganizationTensorBoardView.as_view(), name="jobs-tensorboard"),
     path("jobs/<int:job_id>/", views.JobDetailView.as_view(), name="job-detail"),
     path("jobs/<int:job_id>/cancel/", views.JobCancelView.as_view(), name="job-cancel"),
     path("jobs/<int:job_id>/pause/", views.JobPauseView.as_view(), name="job-pause"),

@@ -8,6 +8,8 @@ Viewers read; members create jobs and act on their own; admins and owners act on
 A transition the job's state does not allow, or a quota it would exceed, answers 409.
 """
 
+from collections.abc import Iterable
+
 from django.db.models import QuerySet
 from django.http import Http404, HttpResponse, StreamingHttpResponse
 from django.urls import reverse
@@ -271,12 +273,33 @@ class JobTensorBoardView(JobView):
     @extend_schema(summary="Download the metrics as TensorBoard files", responses={(200, "application/zip"): bytes})
     def get(self, request: Request, job_id: int) -> HttpResponse:
         job = self.get_object()
-        root = f"job-{job.pk}-tensorboard"
-        archive = tensorboard_archive({"id": job.pk, "name": job.name, "spec": job.spec},
-                                      [{"step": m.step, "data": m.data} for m in selectors.metrics_of(job=job)], root)
-        response = HttpResponse(archive, content_type="application/zip")
-        response["Content-Disposition"] = content_disposition_header(True, f"{root}.zip")
-        return response
+        return _tensorboard_response([job], f"job-{job.pk}-tensorboard", by_id=False)
+
+
+class OrganizationTensorBoardView(OrgGenericAPIView):
+    """``GET jobs/tensorboard.zip``: every job of the organization (``?state=``, ``?search=`` as the
+    list filters them) as TensorBoard event files, one folder a job (``<name>-<id>``), in one ZIP
+    archive: ``tensorboard --logdir`` it once unpacked to see the organization's runs together."""
+
+    required_roles = role_map(GET=Role.VIEWER)
+
+    @extend_schema(summary="Download every job's metrics as TensorBoard files", operation_id="jobs_tensorboard_all",
+                   parameters=[JobFilterSerializer], responses={(200, "application/zip"): bytes})
+    def get(self, request: Request) -> HttpResponse:
+        filters = JobFilterSerializer(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        jobs = selectors.jobs_of(organization=request.organization, **filters.validated_data)
+        return _tensorboard_response(jobs.select_related(None).only("id", "name", "spec"),
+                                     f"{request.organization.slug}-tensorboard", by_id=True)
+
+
+def _tensorboard_response(jobs: Iterable[Job], root: str, *, by_id: bool) -> HttpResponse:
+    runs = (({"id": job.pk, "name": job.name, "spec": job.spec},
+             [{"step": m.step, "data": m.data} for m in selectors.metrics_of(job=job).only("step", "data")])
+            for job in jobs)
+    response = HttpResponse(tensorboard_archive(runs, root, by_id=by_id), content_type="application/zip")
+    response["Content-Disposition"] = content_disposition_header(True, f"{root}.zip")
+    return response
 
 
 class JobArtifactFileView(JobView):

@@ -66,10 +66,14 @@ def test_two_runs_picked_on_the_job_list_are_compared_curve_by_curve_with_their_
     sign_in(page, "ada", PASSWORD)
     expect(page.locator("#job-table")).to_have_attribute("data-loaded", "true")
 
-    # the list's reward column, sorted: best first
+    # the list's reward column, sorted by the server: best first, then (a second click) worst first
     page.get_by_role("button", name="Reward", exact=True).click()
-    names = page.locator("#job-rows tr td:nth-child(3)").all_inner_texts()
-    assert names == ["fast lr", "third", "slow lr"]
+    expect(page).to_have_url(re.compile(r"ordering=-latest_reward"))
+    expect(page.locator("#job-rows tr td:nth-child(3)")).to_have_text(["fast lr", "third", "slow lr"])
+    page.get_by_role("button", name="Reward", exact=True).click()
+    expect(page.locator("#job-rows tr td:nth-child(3)")).to_have_text(["slow lr", "third", "fast lr"])
+    expect(page.locator("th", has=page.get_by_role("button", name="Reward", exact=True))).to_have_attribute(
+        "aria-sort", "ascending")
     expect(page.locator(f'tr[data-job="{fast.pk}"] td:nth-child(6)')).to_have_text("0.800")
     compare = page.get_by_role("button", name=re.compile("Compare selected runs"))
     expect(compare).to_be_disabled()

@@ -66,6 +66,7 @@ GET    /api/v1/audit/                                               200  200  40
 GET    /api/v1/jobs/                                                200  200  200  200  200  403  403  401  401  401
 POST   /api/v1/jobs/                                                201  201  201  403  201  403  403  401  401  401
 POST   /api/v1/jobs/estimate/                                       200  200  200  403  200  403  403  401  401  401
+GET    /api/v1/jobs/tensorboard.zip                                 200  200  200  200  200  403  403  401  401  401
 GET    /api/v1/jobs/{job_id}/                                       200  200  200  200  404  403  403  401  401  401
 POST   /api/v1/jobs/{job_id}/cancel/                                200  200  403  403  404  403  403  401  401  401
 POST   /api/v1/jobs/{job_id}/pause/                                 200  200  403  403  404  403  403  401  401  401

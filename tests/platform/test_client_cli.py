@@ -601,6 +601,50 @@ def test_a_jobs_metrics_and_spec_go_to_tensorboard_and_mlflow_read_back_by_their
     assert run.data.tags["plexrl.job_id"] == str(job_id)
 
 
+def test_an_organizations_jobs_go_to_tensorboard_together_and_only_its_own(acme, globex, tmp_path):
+    import zipfile
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ours = [acme.client.submit(SPEC, name="sweep")["id"] for _ in range(2)]  # one name, two runs
+    for n, job_id in enumerate(ours):
+        ingest(job_id, state(1, "running"), *(metrics(1 + step, step, 0.1 * step + n) for step in range(1, 4)),
+               state(5, "succeeded" if n == 0 else "failed"))
+    theirs = globex.client.submit(SPEC, name="theirs")["id"]
+    ingest(theirs, state(1, "running"), metrics(2, 1, 0.5))
+
+    def rewards(folder: Path) -> list[float]:
+        assert len(list(folder.glob("events.out.tfevents.*"))) == 1  # one run a folder
+        board = EventAccumulator(str(folder))
+        board.Reload()
+        return [round(e.value, 6) for e in board.Scalars("reward_mean")]
+
+    expected = {f"sweep-{job_id}": [round(0.1 * step + n, 6) for step in range(1, 4)] for n, job_id in enumerate(ours)}
+    result = acme.cli("jobs", "export", "--all", "--tensorboard", str(tmp_path / "cli"))
+    assert result.returncode == 0, result.stderr
+    assert {folder.name: rewards(folder) for folder in (tmp_path / "cli").iterdir()} == expected
+    result = acme.cli("jobs", "export", "--all", "--state", "failed", "--tensorboard", str(tmp_path / "failed"))
+    assert result.returncode == 0, result.stderr
+    assert [folder.name for folder in (tmp_path / "failed").iterdir()] == [f"sweep-{ours[1]}"]
+
+    # the same from the platform, as one archive; globex's holds only its own job
+    zipfile.ZipFile(io.BytesIO(acme.client._send(f"{acme.url}/api/v1/jobs/tensorboard.zip", token=acme.token,
+                                                 accept="*/*"))).extractall(tmp_path / "zip")
+    (root,) = list((tmp_path / "zip").iterdir())
+    assert {folder.name: rewards(folder) for folder in root.iterdir()} == expected
+    names = zipfile.ZipFile(io.BytesIO(globex.client._send(f"{globex.url}/api/v1/jobs/tensorboard.zip",
+                                                           token=globex.token, accept="*/*"))).namelist()
+    assert [name.split("/")[1] for name in names] == [f"theirs-{theirs}"]
+
+    for argv in (("jobs", "export", "--tensorboard", "x"), ("jobs", "export", "1", "--all", "--tensorboard", "x")):
+        refused = acme.cli(*argv)
+        assert refused.returncode == 2
+        assert "--all" in one_error_line(refused)
+    refused = acme.cli("jobs", "export", str(ours[0]), "--state", "failed", "--tensorboard", "x")
+    assert refused.returncode == 2
+    assert one_error_line(refused).startswith("plexrl: error: --state selects the jobs of --all")
+
+
 def wandb_records(path: Path) -> Iterator:
     """The records of a W&B run file: a header, then the LevelDB log format (blocks of 32 KiB,
     each record a 7-byte header and its payload, split across blocks), each a ``Record``."""

@@ -560,3 +560,32 @@ def test_the_job_list_has_the_latest_reward_the_latest_evaluation_and_the_cost(t
         None, None, None)
     detail = api_client.get(f"{JOBS}{job.pk}/").json()
     assert (detail["latest_reward"], detail["eval_accuracy"], detail["device_hours"]) == (0.5, 0.1, 1.5)
+
+
+def test_the_job_list_sorts_on_the_server_across_pages(tenant, api_client):
+    from billing.models import JobUsageTotals
+
+    rewards = {"a": 0.3, "b": None, "c": 0.9, "d": 0.1, "e": 0.5}  # "b": no metrics yet
+    for name, reward in rewards.items():
+        job = services.job_create(organization=tenant.organization, user=tenant.member, spec=SPEC, name=name)
+        if reward is not None:
+            JobMetric.objects.create(job=job, step=1, seq=1, data={"step": 1, "reward_mean": reward})
+            JobUsageTotals.objects.create(job=job, rows=1, device_seconds=3600.0 * reward)
+    api_client.force_authenticate(tenant.viewer)
+
+    def names(ordering: str) -> list[str]:
+        out, page = [], f"{JOBS}?ordering={ordering}&page_size=2"
+        while page:  # two a page: the order holds across pages, not within each
+            body = api_client.get(page).json()
+            out += [r["name"] for r in body["results"]]
+            page = body["next"]
+        return out
+
+    assert names("-latest_reward") == ["c", "e", "a", "d", "b"]  # the job without a reward last
+    assert names("latest_reward") == ["d", "a", "e", "c", "b"]  # last either way
+    assert names("-device_hours") == ["c", "e", "a", "d", "b"]
+    assert names("name") == ["a", "b", "c", "d", "e"]
+    assert names("") == ["e", "d", "c", "b", "a"]  # the default: newest first
+    refused = api_client.get(f"{JOBS}?ordering=spec")
+    assert refused.status_code == 400
+    assert "ordering" in refused.json()

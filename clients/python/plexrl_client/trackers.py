@@ -66,6 +66,12 @@ def run_name(job: dict[str, Any]) -> str:
     return job.get("name") or f"job-{job['id']}"
 
 
+def run_folder(job: dict[str, Any], *, by_id: bool = False) -> str:
+    """A run's TensorBoard folder: its name, or with ``by_id`` its name and id (many jobs' folders
+    side by side: names may repeat)."""
+    return f"{run_name(job)}-{job['id']}" if by_id else run_name(job)
+
+
 def tensorboard_files(job: dict[str, Any], steps: list[dict[str, Any]], logdir: str | os.PathLike) -> Path:
     """Write ``job``'s metrics (``steps``: the API's metrics rows) as a TensorBoard event file in
     ``logdir``; returns the file. TensorBoard's own writer and protocol buffers (no TensorFlow)."""
@@ -94,10 +100,11 @@ def tensorboard_files(job: dict[str, Any], steps: list[dict[str, Any]], logdir: 
     return written
 
 
-def to_tensorboard(client: Any, job_id: int, logdir: str | os.PathLike) -> Path:
-    """The job's metrics as a TensorBoard event file in ``logdir/<job name>/``; returns the file."""
+def to_tensorboard(client: Any, job_id: int, logdir: str | os.PathLike, *, by_id: bool = False) -> Path:
+    """The job's metrics as a TensorBoard event file in ``logdir/<job name>/`` (``by_id``:
+    ``logdir/<job name>-<id>/``, for many jobs whose names may repeat); returns the file."""
     job, steps = _job_and_steps(client, job_id)
-    return tensorboard_files(job, steps, Path(logdir) / run_name(job))
+    return tensorboard_files(job, steps, Path(logdir) / run_folder(job, by_id=by_id))
 
 
 MLFLOW_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}

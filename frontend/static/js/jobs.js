@@ -1,6 +1,6 @@
 // /jobs/: the organization's jobs, refreshed every few seconds from GET /api/v1/jobs/, with their
-// latest reward, held-out accuracy and cost (sortable by a click on the column's head); runs ticked
-// here open side by side on the compare page.
+// latest reward, held-out accuracy and cost (sorted by the server, across all pages, by a click on
+// the column's head); runs ticked here open side by side on the compare page.
 import { api } from "./api.js";
 import { badge, el, num, showMessage, when } from "./dom.js";
 
@@ -18,12 +18,10 @@ const search = document.getElementById("filter-search");
 const params = new URLSearchParams(window.location.search);
 stateSelect.value = params.get("state") || "";
 search.value = params.get("search") || "";
+let ordering = params.get("ordering") || ""; // "-latest_reward": largest first; "": newest first
 
 const picked = new Set(); // ids of the runs ticked for comparison
 const compareButton = document.getElementById("compare-selected");
-let sortKey = null;
-let sortDown = true;
-let lastPage = [];
 
 function pick(id, on) {
   if (on) picked.add(id);
@@ -66,9 +64,8 @@ let timer = null;
 async function refresh() {
   clearTimeout(timer);
   try {
-    const page = await api("jobs/", { query: { state: stateSelect.value, search: search.value.trim() } });
-    lastPage = page.results;
-    draw();
+    const page = await api("jobs/", { query: { state: stateSelect.value, search: search.value.trim(), ordering } });
+    rows.replaceChildren(...page.results.map(row));
     empty.hidden = page.results.length > 0;
     table.dataset.loaded = "true";
     table.dataset.count = String(page.count);
@@ -80,30 +77,29 @@ async function refresh() {
   timer = setTimeout(refresh, POLL_MS);
 }
 
-function draw() {
-  const jobs = [...lastPage];
-  if (sortKey) {
-    // runs without the number go last, whichever way
-    jobs.sort((a, b) => (a[sortKey] == null) - (b[sortKey] == null)
-      || (sortDown ? b[sortKey] - a[sortKey] : a[sortKey] - b[sortKey]));
+function showOrdering() {
+  for (const button of document.querySelectorAll("button.sort")) {
+    const key = ordering.replace(/^-/, "");
+    button.parentElement.setAttribute("aria-sort", button.dataset.sort !== key ? "none"
+      : ordering.startsWith("-") ? "descending" : "ascending");
   }
-  rows.replaceChildren(...jobs.map(row));
 }
 
 for (const button of document.querySelectorAll("button.sort")) {
   button.addEventListener("click", () => {
-    sortDown = sortKey === button.dataset.sort ? !sortDown : true;
-    sortKey = button.dataset.sort;
-    for (const head of document.querySelectorAll("th[aria-sort]")) head.setAttribute("aria-sort", "none");
-    button.parentElement.setAttribute("aria-sort", sortDown ? "descending" : "ascending");
-    draw();
+    // a first click: largest first; a second on the same column: smallest first
+    ordering = ordering === `-${button.dataset.sort}` ? button.dataset.sort : `-${button.dataset.sort}`;
+    showOrdering();
+    applyFilters();
   });
 }
+showOrdering();
 
 function applyFilters() {
   const next = new URLSearchParams();
   if (stateSelect.value) next.set("state", stateSelect.value);
   if (search.value.trim()) next.set("search", search.value.trim());
+  if (ordering) next.set("ordering", ordering);
   const query = next.toString();
   window.history.replaceState(null, "", query ? `?${query}` : window.location.pathname);
   refresh();
