@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -20,6 +21,17 @@ def models_dir() -> Path:
 
 def runs_dir() -> Path:
     return plexrl_home() / "runs"
+
+
+def default_run_dir(prefix: str) -> Path:
+    """A new folder name under ``runs_dir``: ``prefix``, the local time, a counter if that exists."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = runs_dir() / f"{prefix}-{stamp}"
+    path, i = base, 1
+    while path.exists():
+        i += 1
+        path = base.with_name(f"{base.name}-{i}")
+    return path
 
 
 def events_path(data_dir: Path, job_id: str) -> Path:

@@ -160,8 +160,8 @@ def bench_cluster(*, nodes: int, devices_per_node: int, jobs: int, steps: int, s
     from ray.cluster_utils import Cluster
 
     from engine.models import resolve_model
+    from engine.paths import default_run_dir
     from engine.service.cluster import read_nodes
-    from engine.service.runtime import default_run_dir
     from engine.spec import ServiceConfig
     from engine.support.progress import progress_bar
 

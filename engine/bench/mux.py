@@ -89,7 +89,8 @@ def bench_mux(*, jobs: int, steps: int, seed: int, max_resident: int = 2, progre
               out: Path | None = None) -> dict[str, Any]:
     """Run the mix each alone and all shared (``_run_dedicated``, ``_run_shared``), then compare."""
     from engine.models import resolve_model
-    from engine.service.runtime import EngineConfig, LocalEngine, default_run_dir
+    from engine.paths import default_run_dir
+    from engine.service.runtime import EngineConfig, LocalEngine
     from engine.support.progress import progress_bar
 
     shapes = job_shapes(jobs, steps, seed)

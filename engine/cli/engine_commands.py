@@ -92,7 +92,7 @@ def _tool_config(args: argparse.Namespace, given: dict | None = None):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from engine.service.runtime import default_run_dir
+    from engine.paths import default_run_dir
 
     spec = train_spec(args)
     out = args.out or default_run_dir(f"{spec.task}-s{spec.seed}")

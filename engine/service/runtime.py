@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 import ray
 
-from engine.paths import plexrl_home, runs_dir
+from engine.paths import plexrl_home
 from engine.service.eventlog import read_events
 from engine.spec import JobSpec
 from engine.workers.backend import BackendKind
@@ -180,13 +179,3 @@ def write_run_outputs(events_path: Path, out: Path, summary: dict[str, Any]) -> 
             if e["kind"] == "timings":
                 f.write(json.dumps(e["data"]) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-
-
-def default_run_dir(prefix: str) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = runs_dir() / f"{prefix}-{stamp}"
-    path, i = base, 1
-    while path.exists():
-        i += 1
-        path = base.with_name(f"{base.name}-{i}")
-    return path

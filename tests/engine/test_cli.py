@@ -3,8 +3,14 @@ processes, and bad input rejected in one line before any engine starts."""
 
 import json
 import math
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from tests.engine.repo import REPO
 
 TRAIN_FLAGS = [
     "--task", "arith", "--steps", "2", "--seed", "0",
@@ -15,18 +21,28 @@ METRIC_KEYS = {"step", "reward_mean", "train_accuracy", "loss", "kl", "response_
 HASH_SEEDS = ("0", "12345")
 
 
+def _at_once(run, outs: list) -> None:
+    """``run(hash_seed, out)`` for every hash seed at the same time: the fresh processes' start-ups
+    overlap, and contending for the CPUs must not change a number."""
+    with ThreadPoolExecutor(len(HASH_SEEDS)) as pool:
+        for done in [pool.submit(run, h, out) for h, out in zip(HASH_SEEDS, outs, strict=True)]:
+            done.result()
+
+
 @pytest.fixture(scope="module")
 def train_runs(run_plexrl, tiny_model_dir, plexrl_home, tmp_path_factory) -> dict:
     """The same two-step run in two fresh processes with different hash seeds: {hash seed: out dir}."""
     runs = {}
-    for hash_seed in HASH_SEEDS:
-        out = tmp_path_factory.mktemp(f"train-hash{hash_seed}") / "out"
+
+    def run(hash_seed: str, out) -> None:
         result = run_plexrl(
             "train", *TRAIN_FLAGS, "--model", str(tiny_model_dir), "--out", str(out),
             env={"PLEXRL_HOME": str(plexrl_home), "PYTHONHASHSEED": hash_seed},
         )
         assert result.returncode == 0, result.stderr[-3000:]
         runs[hash_seed] = (out, result)
+
+    _at_once(run, [tmp_path_factory.mktemp(f"train-hash{hash_seed}") / "out" for hash_seed in HASH_SEEDS])
     return runs
 
 
@@ -87,16 +103,17 @@ def test_train_is_reproducible_across_processes(train_runs):
 def split_runs(run_plexrl, tiny_model_dir, plexrl_home, tmp_path_factory) -> list:
     """The same two-step run on vLLM + Megatron TP=2, twice, in fresh processes and Ray sessions."""
     flags = [f for f in TRAIN_FLAGS if f not in ("--rollout", "--trainer", "torch")]
-    outs = []
-    for hash_seed in HASH_SEEDS:
-        out = tmp_path_factory.mktemp(f"split-hash{hash_seed}") / "out"
+    outs = [tmp_path_factory.mktemp(f"split-hash{hash_seed}") / "out" for hash_seed in HASH_SEEDS]
+
+    def run(hash_seed: str, out) -> None:
         result = run_plexrl(
             "train", *flags, "--rollout", "vllm", "--trainer", "megatron", "--tp", "2",
             "--model", str(tiny_model_dir), "--out", str(out),
             env={"PLEXRL_HOME": str(plexrl_home), "PYTHONHASHSEED": hash_seed},
         )
         assert result.returncode == 0, result.stderr[-3000:]
-        outs.append(out)
+
+    _at_once(run, outs)
     return outs
 
 
@@ -186,3 +203,16 @@ def test_out_under_a_file_is_rejected(run_plexrl, tmp_path, tiny_model_dir):
     result = run_plexrl("train", "--steps", "1", "--model", str(tiny_model_dir), "--out", str(blocker / "out"),
                         env=env, timeout=120)
     _assert_one_line_error(result, f"--out: cannot write to {blocker / 'out'}")
+
+
+def test_a_bad_train_flag_is_refused_before_the_engine_loads(tmp_path):
+    """Bad input fails fast: ``plexrl train`` checks its spec before it imports torch or the
+    engine's runtime (a second or more a call)."""
+    probe = ("import sys, plexrl\n"
+             "code = plexrl.main(['train', '--steps', '0'])\n"
+             "print(code, sorted(m for m in ('torch', 'engine.service.runtime') if m in sys.modules))\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"PLEXRL_HOME": str(tmp_path / "home")}
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.split() == ["2", "[]"], (result.stdout, result.stderr[-2000:])
+    assert result.stderr.strip().startswith("plexrl: error: steps: must be a positive integer")
