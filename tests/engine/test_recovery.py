@@ -30,6 +30,8 @@ SPEC = JobSpec(task="arith", model="tiny-arith", steps=4, seed=0, rollout="torch
                grpo=GRPOConfig(prompts_per_step=8, samples_per_prompt=4, updates_per_step=2, eval_every=2,
                                eval_size=10, max_tokens=6, temperature=1.0, checkpoint_every=1))
 TP2 = dataclasses.replace(SPEC, trainer="megatron", tp=2, steps=3)
+# another model configuration (another vocabulary) on the same task: two architectures on one cluster
+OTHER_MODEL = dataclasses.replace(SPEC, model="tiny-arith-tools", steps=1, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -326,14 +328,18 @@ def test_a_worker_node_lost_mid_run_takes_no_control_plane_and_its_job_resumes_o
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_drained_node_hands_its_job_to_another_and_takes_no_new_one(plain, plexrl_home, tmp_path):
+def test_a_drained_node_hands_its_job_to_another_and_takes_no_new_one(plain, engine, plexrl_home,
+                                                                      tiny_tools_model_dir, tmp_path):
     """Several Ray nodes (``drain_probe``): the node a job runs on is drained while the job is
     paused after step 1; resumed, it goes on on the other node from its last checkpoint and ends
-    as the undisturbed run did; a job submitted then waits for the other node rather than going
-    to the drained one."""
+    as the undisturbed run did; a job of another model configuration submitted then waits for the
+    other node rather than going to the drained one, and learns there what it learns alone."""
+    engine.submit_job("rec-plain-other", OTHER_MODEL)
+    other_alone = wait_for(engine, "rec-plain-other", finished)
     env = {**os.environ, "PLEXRL_HOME": str(plexrl_home)}
     done = subprocess.run([sys.executable, "-m", "tests.engine.drain_probe", str(tmp_path),
-                           json.dumps(SPEC.to_dict())], capture_output=True, text=True, timeout=580, env=env)
+                           json.dumps(SPEC.to_dict()), json.dumps(OTHER_MODEL.to_dict())],
+                          capture_output=True, text=True, timeout=580, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
     drained = out["drained"]
@@ -345,5 +351,6 @@ def test_a_drained_node_hands_its_job_to_another_and_takes_no_new_one(plain, ple
     assert not rows[other]["draining"]
     assert out["after_queued"]["state"] == "queued"  # the other node is busy, the drained one takes none
     assert out["after_states"][-1] == "succeeded"
+    assert metrics(out["after_events"]) == metrics(other_alone) != []
     assert_recovered(out["events"], plain)
     assert "drained by an admin" in recoveries(out["events"])[0]["message"]
