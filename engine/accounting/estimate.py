@@ -288,14 +288,19 @@ def pair_key(rollout: str, trainer: str) -> str:
     return f"{rollout}+{trainer}"
 
 
+def constants_scope(spec: JobSpec, wpgs: tuple[str, ...]) -> tuple[str, str]:
+    """Where the calibration keeps the constants of a call on ``wpgs``: a call holding both groups
+    (the weight sync) under the pair's entry, ``("pairs", "vllm+megatron")``, else under the backend
+    of the side it runs on, ``("backends", "vllm")``."""
+    if len(wpgs) > 1:
+        return "pairs", pair_key(spec.rollout, spec.trainer)
+    return "backends", spec.rollout if wpgs == (ROLLOUT,) else spec.trainer
+
+
 def call_constants(spec: JobSpec, call: PlannedCall, calibration: dict[str, Any]) -> dict[str, float]:
-    """The constants of ``call`` in ``spec``'s backends: a call holding both groups (the weight sync)
-    from the pair's entry, else from the backend of the side it runs on."""
-    key = function_key(call.role, call.fn, call.wpgs)
-    if len(call.wpgs) > 1:
-        return calibration["pairs"][pair_key(spec.rollout, spec.trainer)][key]
-    backend = spec.rollout if call.wpgs == (ROLLOUT,) else spec.trainer
-    return calibration["backends"][backend][key]
+    """The constants of ``call`` in ``spec``'s backends (``constants_scope``)."""
+    section, name = constants_scope(spec, call.wpgs)
+    return calibration[section][name][function_key(call.role, call.fn, call.wpgs)]
 
 
 def _model_seconds(spec: JobSpec, call: PlannedCall, calibration: dict[str, Any]) -> float:

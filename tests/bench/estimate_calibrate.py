@@ -38,15 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from estimate_runs import CALIBRATION, fresh_home, run_alone
 
-from engine.accounting.estimate import (
-    CALIBRATION_PATH,
-    ROLLOUT,
-    UNIT_FUNCTIONS,
-    function_key,
-    host_terms,
-    pair_key,
-    plan,
-)
+from engine.accounting.estimate import CALIBRATION_PATH, UNIT_FUNCTIONS, constants_scope, function_key, host_terms, plan
 from engine.spec import JobSpec
 
 
@@ -76,25 +68,21 @@ def task_constants(runs: dict[str, Any]) -> dict[str, dict[str, float]]:
     return tasks
 
 
-def _scope(spec: JobSpec, wpgs: tuple[str, ...]) -> str:
-    """Where a call's constants live: its pair of backends (a call on both groups), else the backend
-    of its side."""
-    if len(wpgs) > 1:
-        return pair_key(spec.rollout, spec.trainer)
-    return spec.rollout if wpgs == (ROLLOUT,) else spec.trainer
+# a fitted entry: where it lives in the calibration (``constants_scope``) and its function key
+Key = tuple[tuple[str, str], str]
 
 
-def _measured(run: dict[str, Any], spec: JobSpec) -> tuple[dict[tuple[str, str], float], float]:
-    """Seconds per (scope, function key) (a call on two groups once) and the host gap of one run.
+def _measured(run: dict[str, Any], spec: JobSpec) -> tuple[dict[Key, float], float]:
+    """Seconds per ``Key`` (a call on two groups once) and the host gap of one run.
     A group's side is in its name (``<backend>-<side>...``, the service's naming)."""
     sides: dict[int, list[str]] = {}
     for u in run["usage"]:
         sides.setdefault(u["call"], []).append(u["wpg"].split("-")[1])
     calls = {u["call"]: u for u in run["usage"]}
-    seconds: dict[tuple[str, str], float] = {}
+    seconds: dict[Key, float] = {}
     for call, u in calls.items():
         wpgs = tuple(sorted(set(sides[call])))  # ("rollout", "train") as the plan orders them
-        key = (_scope(spec, wpgs), function_key(u["role"], u["fn"], wpgs))
+        key = (constants_scope(spec, wpgs), function_key(u["role"], u["fn"], wpgs))
         seconds[key] = seconds.get(key, 0.0) + u["end"] - u["start"]
     span = max(u["end"] for u in run["usage"]) - min(u["start"] for u in run["usage"])
     stall = sum(t.get("tool_stall", 0.0) for t in run["timings"])
@@ -118,30 +106,29 @@ def _nonnegative_fit(x: np.ndarray, y: np.ndarray) -> list[float]:
 def fit(runs: dict[str, Any]) -> dict[str, Any]:
     tasks = task_constants(runs)
     partial = {"tasks": tasks}
-    rows: dict[tuple[str, str], list[tuple[float, float, float]]] = {}  # (scope, key) -> (calls, units, s) per run
+    rows: dict[Key, list[tuple[float, float, float]]] = {}  # (calls, units, seconds) per run
     host: list[tuple[float, ...]] = []  # (*host_terms, gap seconds)
     for run in runs.values():
         spec = JobSpec.from_dict(run["spec"])
         planned, _, _ = plan(spec, partial)
         seconds, gap = _measured(run, spec)
-        totals: dict[tuple[str, str], list[float]] = {}
+        totals: dict[Key, list[float]] = {}
         for c in planned:
-            t = totals.setdefault((_scope(spec, c.wpgs), function_key(c.role, c.fn, c.wpgs)), [0.0, 0.0])
+            t = totals.setdefault((constants_scope(spec, c.wpgs), function_key(c.role, c.fn, c.wpgs)), [0.0, 0.0])
             t[0] += c.count
             t[1] += c.units
         for key, (count, units) in totals.items():
             rows.setdefault(key, []).append((count, units, seconds.get(key, 0.0)))
         host.append((*host_terms(spec), gap))
-    backends: dict[str, dict[str, Any]] = {}
-    pairs: dict[str, dict[str, Any]] = {}
-    for (scope, key), data in sorted(rows.items()):
+    scopes: dict[str, dict[str, dict[str, Any]]] = {"backends": {}, "pairs": {}}
+    for ((section, name), key), data in sorted(rows.items()):
         a = np.array(data)
         if key in UNIT_FUNCTIONS:  # a job's first calls on a fresh group warm it up: an intercept per run
             warm_up, per_call, per_unit = _nonnegative_fit(np.column_stack([np.ones(len(a)), a[:, :2]]), a[:, 2])
             constants = {"warm_up": warm_up, "per_call": per_call, "per_unit": per_unit}
         else:
             constants = {"per_call": float(a[:, 2].sum() / a[:, 0].sum())}
-        (pairs if "+" in scope else backends).setdefault(scope, {})[key] = constants
+        scopes[section].setdefault(name, {})[key] = constants
     h = np.array(host)
     host_fit = _nonnegative_fit(h[:, :-1], h[:, -1])
     return {
@@ -152,8 +139,7 @@ def fit(runs: dict[str, Any]) -> dict[str, Any]:
                                "(1 device slot and 1 torch thread each)"},
         "units": {"generate": "sequences x max tokens per turn", "forward": "training rows",
                   "forward_backward": "training rows"},
-        "backends": backends,
-        "pairs": pairs,
+        **scopes,
         "host": dict(zip(("per_job", "per_step", "per_eval_answer"), host_fit, strict=True)),
         "tasks": tasks,
     }
