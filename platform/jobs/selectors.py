@@ -106,6 +106,15 @@ def metrics_of(*, job: Job, after_seq: int = 0) -> QuerySet[JobMetric]:
     return metrics.order_by("step")
 
 
+def metrics_by_job(*, jobs: list[Job]) -> dict[int, list[dict]]:
+    """Each job's per-step metrics (``{"step", "data"}`` rows, by step), read in one query."""
+    steps: dict[int, list[dict]] = {job.pk: [] for job in jobs}
+    for job_id, step, data in JobMetric.objects.filter(job__in=jobs).order_by("job", "step").values_list(
+            "job_id", "step", "data"):
+        steps[job_id].append({"step": step, "data": data})
+    return steps
+
+
 def artifact_folders(*, job: Job) -> dict[str, Path]:
     """The job's artifact folders by name (``final``: its weights), as its event log announced them
     (``artifact`` events)."""

@@ -24,7 +24,7 @@ from accounts.api import EmptySerializer, OrgGenericAPIView, require_role, role_
 from accounts.models import Role
 from jobs import selectors, services
 from jobs.archives import file_stream, tensorboard_archive, zip_stream
-from jobs.models import Job, JobMetric
+from jobs.models import Job
 from jobs.renderers import JSONLinesRenderer
 from jobs.serializers import (
     ArtifactSerializer,
@@ -295,11 +295,7 @@ class OrganizationTensorBoardView(OrgGenericAPIView):
 
 def _tensorboard_response(jobs: Iterable[Job], root: str, *, by_id: bool) -> HttpResponse:
     jobs = list(jobs)
-    steps: dict[int, list[dict]] = {job.pk: [] for job in jobs}
-    # every job's metrics in one query, not one a job
-    for job_id, step, data in JobMetric.objects.filter(job__in=jobs).order_by("job", "step").values_list(
-            "job_id", "step", "data"):
-        steps[job_id].append({"step": step, "data": data})
+    steps = selectors.metrics_by_job(jobs=jobs)
     runs = (({"id": job.pk, "name": job.name, "spec": job.spec}, steps[job.pk]) for job in jobs)
     response = HttpResponse(tensorboard_archive(runs, root, by_id=by_id), content_type="application/zip")
     response["Content-Disposition"] = content_disposition_header(True, f"{root}.zip")

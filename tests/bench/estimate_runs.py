@@ -27,7 +27,6 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 PRESETS = ("tiny-arith", "tiny-arith-tools")
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def fresh_home() -> Path:
@@ -42,28 +41,24 @@ def fresh_home() -> Path:
     return home
 
 
-def _progress(total: int):
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="job", disable=not sys.stderr.isatty())
-
-
 def run_alone(specs: dict[str, dict[str, Any]], home: Path) -> dict[str, dict[str, Any]]:
     """Run each job alone through the engine service; for each: its spec (as the service resolved
     it: backends filled in), usage records, per-step metrics and timings, and wall seconds."""
     from engine.control import EngineClient
+    from engine.service.eventlog import TERMINAL_STATES
     from engine.spec import JobSpec, ServiceConfig
+    from engine.support.progress import is_tty, progress_bar
 
     os.environ.pop("RAY_ADDRESS", None)  # a Ray of our own, never a cluster someone else started here
     out: dict[str, dict[str, Any]] = {}
     engine = EngineClient(data_dir=home, config=ServiceConfig(idle_release_s=0.0))
-    bar = _progress(len(specs))
+    bar = progress_bar(total=len(specs), desc="jobs", unit="job", enabled=is_tty())
     try:
         for name, raw in specs.items():
             spec = JobSpec.from_dict(raw).to_dict()
             t0 = time.time()
             engine.submit_job(name, spec)
-            while (state := engine.status(name)["state"]) not in TERMINAL:
+            while (state := engine.status(name)["state"]) not in TERMINAL_STATES:
                 time.sleep(0.2)
             events, after = [], 0
             while batch := engine.events(name, after, 10_000):
