@@ -52,10 +52,14 @@ def _upload_a_model_and_a_dataset(page, tmp_path) -> None:
         [*sorted(folder.iterdir()), tmp_path / "pytorch_model.bin"])
     page.get_by_role("button", name="Upload model", exact=True).click()
     expect(page.locator("#model-files-error")).to_contain_text("pickle-based weights are not accepted")
+    expect(page.locator("#model-uploaded")).to_be_hidden()  # no "under way" left behind
     assert not RegisteredModel.objects.exists()
     page.get_by_label("Files of the model folder").set_input_files(sorted(folder.iterdir()))
     page.get_by_role("button", name="Upload model", exact=True).click()
-    expect(page.locator("#model-uploaded")).to_contain_text("Uploaded model my-qwen: Qwen2ForCausalLM")
+    # the check builds the architecture (a cold server imports torch and transformers first: about 3 s
+    # on an idle 2-core machine, more under the suite's load); the status line says it is under way
+    expect(page.locator("#model-uploaded")).to_contain_text("Uploaded model my-qwen: Qwen2ForCausalLM",
+                                                            timeout=30_000)
     expect(page.locator('#model-rows tr[data-scope="organization"]')).to_contain_text("my-qwen")
 
     rows = [{"question": f"{i}+{i}=", "solution": str(2 * i)} for i in range(5)]

@@ -65,13 +65,14 @@ async function load() {
   document.getElementById("dataset-table").dataset.loaded = "true";
 }
 
-/** Post `form` as multipart to `path`; the server's field errors go to the form's slots. */
-function uploadForm(form, name, path, describe) {
+/** Post `form` as multipart to `path`; the server's field errors go to the form's slots. `pending` is
+ * what the status line says while the upload and the server's check run. */
+function uploadForm(form, name, path, describe, pending) {
   const done = document.getElementById(`${name}-uploaded`);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     showMessage(error, "");
-    showMessage(done, "");
+    showMessage(done, pending);
     for (const slot of document.querySelectorAll(`[data-form="${name}"]`)) slot.textContent = "";
     const button = form.querySelector("button[type=submit]");
     button.disabled = true;
@@ -86,6 +87,7 @@ function uploadForm(form, name, path, describe) {
       showMessage(done, describe(created));
       await load();
     } catch (err) {
+      showMessage(done, "");
       for (const [key, messages] of Object.entries(err.fields || {})) {
         const slot = document.querySelector(`[data-form="${name}"][data-error-for="${CSS.escape(key)}"]`);
         if (slot) slot.textContent = messages.join(" ");
@@ -105,11 +107,13 @@ for (const id of ["model-limit", "dataset-limit"]) {
 const modelForm = document.getElementById("model-form");
 if (modelForm) {
   uploadForm(modelForm, "model", "models/upload/",
-    (m) => `Uploaded model ${m.name}: ${m.architecture}, ${m.parameters.toLocaleString("en")} parameters.`);
+    (m) => `Uploaded model ${m.name}: ${m.architecture}, ${m.parameters.toLocaleString("en")} parameters.`,
+    "Uploading the model and checking it (its architecture is built to compare every tensor's shape)…");
   modelForm.dataset.ready = "true";
 }
 const datasetForm = document.getElementById("dataset-form");
 if (datasetForm) {
-  uploadForm(datasetForm, "dataset", "datasets/", (d) => `Uploaded dataset ${d.name}: ${d.problems} problems.`);
+  uploadForm(datasetForm, "dataset", "datasets/", (d) => `Uploaded dataset ${d.name}: ${d.problems} problems.`,
+    "Uploading the dataset and checking it…");
 }
 load().catch((err) => showMessage(error, `Could not load models and datasets: ${err.message}`));
