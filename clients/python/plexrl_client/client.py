@@ -81,8 +81,12 @@ class ServiceClient:
         query = {k: v for k, v in (query or {}).items() if v is not None and v != ""}
         return f"{url}?{urllib.parse.urlencode(query)}" if query else url
 
-    def _json(self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None) -> Any:
-        raw = self._send(self._url(path, query), method=method, body=body, token=self.token, timeout=self.timeout)
+    def _json(self, method: str, path: str, *, query: dict[str, Any] | None = None, body: Any = None,
+              waits: float = 0.0) -> Any:
+        """One JSON request; ``waits``: seconds the server is asked to hold it for an answer (a
+        long poll), allowed on top of ``timeout``."""
+        raw = self._send(self._url(path, query), method=method, body=body, token=self.token,
+                         timeout=self.timeout + waits)
         return json.loads(raw) if raw else None
 
     def _all(self, path: str, query: dict[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -100,7 +100,7 @@ class Session:
         while True:
             try:
                 return self.client._json("POST", f"sessions/{self.id}/calls/",
-                                         body={"seq": seq, "fn": fn, "args": args, "wait": wait})
+                                         body={"seq": seq, "fn": fn, "args": args, "wait": wait}, waits=wait)
             except ServerError as exc:  # 503: not placed yet, nothing was sent; the same call again
                 if exc.status != 503 or time.monotonic() > deadline:
                     raise
@@ -108,7 +108,8 @@ class Session:
 
     def _finish(self, seq: int, fn: str, called: float, answer: dict[str, Any], decode) -> Any:
         while answer["state"] != "done":
-            answer = self.client._json("GET", f"sessions/{self.id}/calls/{seq}/", query={"wait": WAIT_S})
+            answer = self.client._json("GET", f"sessions/{self.id}/calls/{seq}/", query={"wait": WAIT_S},
+                                       waits=WAIT_S)
         self.timings.append(CallTiming(seq, fn, time.perf_counter() - called, answer["engine_ms"] / 1e3))
         return decode(answer["result"])
 
