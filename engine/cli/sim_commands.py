@@ -28,9 +28,10 @@ def add_sim(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--admission", action="append", default=[], metavar="PARAM=VALUE",
                    help="shared modes: set a placement and admission parameter (repeatable), e.g. "
                         "--admission limit=1.2 --admission slowdown_bound=1.3; also groups_per_domain")
-    p.add_argument("--sync", choices=("gang", "host"), default="gang",
-                   help="shared modes: a weight sync holds the train and rollout WPGs at once (gang, the "
-                        "live engine), or the train WPG only, the rollout WPGs reloading from host (host)")
+    p.add_argument("--sync", choices=("gang", "host"), default="host",
+                   help="shared modes: a weight sync holds the train WPG only, the rollout WPGs reloading from "
+                        "their node's host memory (host, as the live engine does wherever each rollout WPG is on "
+                        "one node), or the train and rollout WPGs at once for every job (gang)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--plot", type=Path, default=None, help="write utilisation over time and the cost table "
                                                           "(.png or .svg)")

@@ -26,12 +26,17 @@ A job goes through two phases:
    nobody waits, a job that shares a WPG moves onto fresh WPGs of its own (checked again only
    after WPGs were released), so it runs as alone again.
 
-Admission goes through the waiting jobs in arrival order each time room may have appeared. With
-``backfill``, a job that fits nowhere now does not hold back later jobs that fit; a job passed over
-``max_passed`` times *reserves* the domain with the most free devices (one reservation at a time),
-which takes no other job until it starts, so no job waits forever. Without, the first job that does
-not fit holds every later one. A job that could never fit (too large for any domain) is refused at
-arrival.
+Admission goes through the waiting jobs each time room may have appeared: in arrival order, or, with
+``order="longest"`` (the default), the longest expected work first (a job's ``work``: its expected
+seconds alone, given at its arrival), aged: a job ranks by its arrival time less its work, so one
+that has waited longer than another's extra work goes before it, and a job ranks ahead of every job
+that arrives more than the longest expected work after it. Under a backlog the last jobs to start
+set the total completion time; starting the long ones first leaves short ones to fill the end (the
+longest-processing-time rule for makespan). With ``backfill``, a job that fits nowhere now does not
+hold back the jobs ranked after it that fit; a job passed over ``max_passed`` times *reserves* the
+domain with the most free devices (one reservation at a time), which takes no other job until it
+starts, so no job waits forever. Without, the first job that does not fit holds every later one. A
+job that could never fit (too large for any domain) is refused at arrival.
 
 The slowdown bound: a WPG never takes jobs whose demands sum past ``limit``, and ``limit`` may not
 exceed ``slowdown_bound`` (a WPG loaded to L needs L times its jobs' time alone). Each step a job
@@ -116,6 +121,9 @@ def measure_demand(steps: Sequence[StepProfile]) -> Demand:
     return Demand(rollout / alone, train / alone)
 
 
+ORDERS = ("arrival", "longest")  # in which order waiting jobs are tried
+
+
 @dataclass(frozen=True)
 class AdmissionPolicy:
     limit: float = 1.3  # most load a WPG takes (sum of its jobs' demands; above 1 it is contended)
@@ -130,8 +138,11 @@ class AdmissionPolicy:
     # after admission, jobs are profiled, re-measured, moved and made urgent (phase 2 and later);
     # False: a job keeps its declared demand and its WPGs until it ends (the live engine today)
     adaptive: bool = True
+    order: str = "longest"  # which waiting job is tried first: "arrival", or "longest" expected work
 
     def __post_init__(self):
+        if self.order not in ORDERS:
+            raise ValueError(f"invalid admission policy: order must be one of {', '.join(ORDERS)}, got {self.order!r}")
         # a WPG loaded past the bound cannot keep its jobs within it: they need ``load`` x their time
         if not (0 < self.limit <= self.slowdown_bound and self.slowdown_bound >= 1
                 and 0 <= 2 * self.margin < self.slowdown_bound
@@ -243,6 +254,7 @@ class _Job:
     demand: Demand
     arrival: float
     order: int
+    work: float = 0.0  # expected seconds alone, as declared at arrival (0: unknown)
     passed: int = 0
     placed: Placement | None = None
     phase: str = "waiting"  # "waiting", "profile", "placed"
@@ -300,8 +312,9 @@ class Placer:
         self._held = 0  # devices in formed WPGs
 
     # -- inputs -------------------------------------------------------------------------------
-    def arrive(self, job: str, shape: JobShape, declared: Demand, now: float) -> None:
-        """A job asks for room; refused (ValueError) if no domain could ever hold it."""
+    def arrive(self, job: str, shape: JobShape, declared: Demand, now: float, work: float = 0.0) -> None:
+        """A job asks for room, expecting to run ``work`` seconds alone (0: unknown; it orders the
+        queue with ``order="longest"``); refused (ValueError) if no domain could ever hold it."""
         if job in self.jobs:
             raise ValueError(f"job {job!r} arrived already")
         if shape.replicas < 1 or min(shape.rollout_devices, shape.train_devices) < 1:
@@ -309,16 +322,26 @@ class Placer:
         sizes = [shape.rollout_devices] * shape.replicas + [shape.train_devices]
         if not any(Domain(d.name, len(d.free), d.node_devices).plan(sizes) for d in self.domains.values()):
             raise ValueError(f"job {job!r} needs {sum(sizes)} devices in WPGs of {sizes}: no domain can hold it")
-        self.jobs[job] = _Job(job, shape, declared, now, self._order)
+        if not (math.isfinite(work) and work >= 0):
+            raise ValueError(f"job {job!r}: expected work must be a finite number of seconds >= 0, got {work}")
+        self.jobs[job] = _Job(job, shape, declared, now, self._order, work=work)
         self._order += 1
         self.waiting.append(job)
 
+    def queue(self) -> list[str]:
+        """The waiting jobs in the order admission tries them."""
+        if self.policy.order == "arrival":
+            return list(self.waiting)
+        return sorted(self.waiting, key=lambda n: (self.jobs[n].arrival - self.jobs[n].work, self.jobs[n].order))
+
     def admit(self, now: float) -> list[Placement]:
-        """Start the waiting jobs that fit, in arrival order (see the module's Admission)."""
+        """Start the waiting jobs that fit, in the policy's order (see the module's Admission)."""
         out: list[Placement] = []
         failed: set[tuple] = set()
         self._refused = False
-        for name in list(self.waiting):
+        queue = self.queue()
+        rank = {name: i for i, name in enumerate(queue)}
+        for name in queue:
             job = self.jobs[name]
             key = (job.shape, job.demand, self._reservation_of(name))  # jobs alike fit alike
             if key in failed:
@@ -331,8 +354,10 @@ class Placer:
                     break  # first come, first served: it holds every later job
                 failed.add(key)
                 continue
+            # every job ranked before it is passed, visited in arrival order: of several passed too
+            # often at once, the earliest arrival reserves (one reservation at a time)
             for other in self.waiting:
-                if self.jobs[other].order < job.order:
+                if rank[other] < rank[name]:
                     self._passed(self.jobs[other])
             out.append(self._apply(job, option, job.demand))
             job.phase, job.admitted, job.alone_s = "profile", now, 0.0

@@ -68,10 +68,16 @@ class Aligner:
         if not self.pools[kind]:
             del self.pools[kind]
 
-    def record(self, job: str, fn: str, start: float, end: float) -> None:
-        """A call of a job still being profiled ran on a WPG from ``start`` to ``end``."""
+    def profiling(self, job: str) -> bool:
+        """Whether ``job``'s calls are still recorded (it is not placed on the horizon yet)."""
+        return job not in self.slots
+
+    def record(self, job: str, fn: str, start: float, end: float, phase: str | None = None) -> None:
+        """A call of a job still being profiled ran on a WPG from ``start`` to ``end``; ``phase``:
+        the side it ran on when its WPGs say so (a host-tier ``sync_weights`` runs on the trainer's),
+        else the side ``fn`` belongs to."""
         if job not in self.slots:
-            self.calls.setdefault(job, []).append((phase_kind(fn), start, end, 1))
+            self.calls.setdefault(job, []).append((phase or phase_kind(fn), start, end, 1))
 
     def boundary(self, job: str, now: float) -> float:
         """A step of ``job`` starts now; returns how long to hold it (0 while profiling)."""

@@ -272,7 +272,9 @@ class Scheduler:
         self._retire(call, now)
         if exec_s is not None:
             self.estimates.observe(call.job, call.fn, exec_s)
-        self.aligner.record(call.job, call.fn, dispatch.at, now)
+        if self.aligner.profiling(call.job):  # a placed job's calls are not recorded: no lookups for them
+            kinds = {self.wpgs[w].kind for w in call.wpgs if w in self.wpgs}
+            self.aligner.record(call.job, call.fn, dispatch.at, now, "train" if kinds == {"train"} else None)
         records = []
         for name in call.wpgs:
             wpg = self.wpgs[name]

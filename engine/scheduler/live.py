@@ -36,7 +36,7 @@ from engine.api import ROLLOUT_FUNCTIONS, Request
 from engine.errors import EngineFault, fault_reason, is_engine_fault
 from engine.scheduler.core import STEP, Dispatch, Policy, Prefetch, Scheduler
 from engine.support.wire import frame, listen_on_node, read_frame, sendable_error
-from engine.workers.group import BULKY
+from engine.workers.group import BULKY, publishes_to
 
 _log = logging.getLogger(__name__)
 
@@ -210,6 +210,7 @@ class SchedulerService:
         call = dispatch.call
         done, request = self._waiting.pop(call.id)
         wpg = call.wpgs[0]
+        published = publishes_to(request) if isinstance(request, Request) else None
         lost = [self.lost[w] for w in call.wpgs if w in self.lost]
         cause = None  # of the call's failure, when a rank died: the other ranks' errors follow from it
         if lost:  # a group that lost a rank runs nothing until the engine replaces it
@@ -231,6 +232,8 @@ class SchedulerService:
                         if isinstance(o, RayTaskError) and is_engine_fault(o.cause) else o
                         for o in outcomes]
         failed = cause or next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if published is not None:  # before the job's next call can be dispatched
+            failed = await self._weights_changed(published, call.deployment, complete=failed is None) or failed
         if failed is not None:
             self.core.complete(call.id, self._now())
             done.set_exception(failed)
@@ -246,6 +249,25 @@ class SchedulerService:
                     self.core.set_switch_cost(call.deployment, wpg, setup / len(dispatch.switches))
             done.set_result((outcomes[0][0], [r.to_dict() for r in records]))
         self._pump()
+
+    async def _weights_changed(self, rollout: str, deployment: tuple[str, str], *,
+                               complete: bool) -> BaseException | None:
+        """A host-tier sync of ``deployment`` ended (``complete``: it wrote every tensor): the
+        rollout group's engine copy is stale, so its next generate of the deployment reloads from
+        the StateManager (a switch, counted and estimated like any other). Returns the error of a
+        rollout rank that could not take the change (the sync then fails), else None."""
+        group = self.groups.get(rollout)
+        if group is None or rollout in self.lost:
+            return None  # it runs nothing more: the engine replaces it, and the deployment with it
+        self.core.evicted(rollout, deployment)
+        outcomes = await asyncio.gather(*(r.weights_changed.remote(list(deployment), complete) for r in group.ranks),
+                                        return_exceptions=True)
+        error = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if error is None:
+            return None
+        # the rollout engine may still hold the old weights: the sync must not count as done
+        return EngineFault(f"sync_weights of {'/'.join(deployment)}: {rollout} could not take the new weights "
+                           f"({fault_reason(error)})")
 
     def pause(self, job: str) -> None:
         self.core.pause(job)

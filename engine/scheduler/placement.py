@@ -9,7 +9,7 @@ the first to the second.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.api import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
@@ -19,6 +19,33 @@ ROLE_FUNCTIONS: Mapping[str, tuple[frozenset[str], frozenset[str] | None]] = {
     "policy": (TRAIN_FUNCTIONS, ROLLOUT_FUNCTIONS),
     "reference": (frozenset({"forward"}), None),
 }
+
+
+# How a split deployment's ``sync_weights`` runs. "gang": it holds the train WPG and the rollout WPG
+# at once, the rollout ranks pulling the trainer's shards. "host": it holds the train WPG only, whose
+# ranks write the new weights to the StateManager of the rollout WPG's node; the rollout WPG reloads
+# them from there before the deployment's next generate (a swap, which a prefetch hint may overlap),
+# and serves other jobs meanwhile.
+SYNCS = ("gang", "host")
+
+
+def check_sync(sync: str) -> str:
+    """``sync`` if it names a sync, else ValueError."""
+    if sync not in SYNCS:
+        raise ValueError(f"sync must be one of {', '.join(SYNCS)}, not {sync!r}")
+    return sync
+
+
+def sync_mode(wanted: str, *, trainer_swaps: bool, rollout_swaps: bool, rollout_kind: str,
+              nodes: Sequence[Collection[str]]) -> str:
+    """The sync a split deployment gets: ``wanted`` ("host" or "gang"), or "gang" where a host-tier
+    sync cannot run: both groups must keep state in a StateManager (they swap), the rollout side
+    must be vLLM engines (they reload from there), and each rollout group must lie on one node, whose
+    StateManager the trainer writes to (``nodes``: the nodes of each rollout group's ranks)."""
+    check_sync(wanted)
+    possible = (trainer_swaps and rollout_swaps and rollout_kind == "vllm" and bool(nodes)
+                and all(len(set(group)) == 1 for group in nodes))
+    return "host" if wanted == "host" and possible else "gang"
 
 
 @dataclass(frozen=True)

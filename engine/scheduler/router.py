@@ -4,8 +4,9 @@ It keeps no decision of its own: placement comes from the scheduler's policy
 (``engine.scheduler.placement``) and is recorded in ``placement`` only so that later calls of the
 same deployment find their groups (``{(job, role): Placement}``); when a call runs is the live
 scheduler's decision (``engine.scheduler.live``). A policy split over a trainer and a rollout
-group gets ``sync_weights`` on the rollout group, told which trainer ranks to pull from; the call
-holds both groups while it runs.
+group gets ``sync_weights`` through the rollout node's StateManager where both groups keep state in
+one (the trainer group publishes, holding only itself; the rollout group reloads before its next generate),
+else on the rollout group, told which trainer ranks to pull from, holding both groups while it runs.
 
 Each call's usage records (metering) come back with its result and go to the caller's ``on_usage``
 (the client writes them to the job's event log) exactly once, when the future is first resolved.
@@ -34,9 +35,9 @@ from ray.exceptions import GetTimeoutError
 
 from engine.api import OptimizerConfig, Request
 from engine.scheduler.live import scheduler_service
-from engine.scheduler.placement import GroupView, Placement, place_deployment
+from engine.scheduler.placement import GroupView, Placement, check_sync, place_deployment, sync_mode
 from engine.support.wire import Closed, connect, recv, send
-from engine.workers.group import BULKY, CREATE, NOOP, WorkerGroup
+from engine.workers.group import BULKY, CREATE, NOOP, PUBLISH_NODE, PUBLISH_TO, WorkerGroup
 
 UsageSink = Callable[[list[dict[str, Any]]], None]
 
@@ -156,7 +157,12 @@ def _open_scheduler_socket(scheduler) -> _SchedulerSocket | None:
 
 
 class Router:
-    def __init__(self, groups: Sequence[WorkerGroup], *, tenant: str = ""):
+    """``sync``: how a split deployment's ``sync_weights`` runs where it can ("host": through the
+    rollout node's StateManager, holding the trainer group only; "gang": holding both groups; see
+    ``engine.scheduler.placement.sync_mode``)."""
+
+    def __init__(self, groups: Sequence[WorkerGroup], *, tenant: str = "", sync: str = "host"):
+        self.sync = check_sync(sync)
         self.groups = {g.name: g for g in groups}
         self.placement: dict[tuple[str, str], Placement] = {}
         self.scheduler = scheduler_service(list(groups))
@@ -199,11 +205,24 @@ class Router:
             raise ValueError(f"worker group {group.name} does not serve {fn!r}")
         wpgs: tuple[str, ...] = (group.name,)
         if fn == "sync_weights" and placed.split:
-            # The rollout ranks pull the trainer's shards while the call holds both groups; the
-            # job's calls run in order, so the sync sees every optim_step submitted before it.
-            payload = {**payload, "source": self.groups[placed.trainer].ranks}
-            wpgs = (group.name, placed.trainer)
+            trainer = self.groups[placed.trainer]
+            if self.sync_of(placed) == "host":
+                # The trainer's ranks write the weights to the rollout node's StateManager; the
+                # scheduler marks the rollout group's copy stale before the job's next call may start.
+                payload = {**payload, PUBLISH_TO: group.name, PUBLISH_NODE: group.nodes[0]}
+                wpgs = (trainer.name,)
+            else:
+                # The rollout ranks pull the trainer's shards while the call holds both groups; the
+                # job's calls run in order, so the sync sees every optim_step submitted before it.
+                payload = {**payload, "source": trainer.ranks}
+                wpgs = (group.name, trainer.name)
         return self._submit(Request(job=job, role=role, fn=fn, payload=payload), wpgs, on_usage)
+
+    def sync_of(self, placed: Placement) -> str:
+        """How ``sync_weights`` runs for a split placement: "host" or "gang"."""
+        trainer, rollout = self.groups[placed.trainer], self.groups[placed.rollout]
+        return sync_mode(self.sync, trainer_swaps=trainer.max_resident > 0, rollout_swaps=rollout.max_resident > 0,
+                         rollout_kind=rollout.kind.value, nodes=[rollout.nodes])
 
     def mark_step(self, job: str) -> None:
         """Tell the scheduler that ``job``'s next step starts after the calls made so far (it

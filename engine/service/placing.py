@@ -144,7 +144,7 @@ def admission_round(usage: Sequence[Mapping[str, Any]], groups: Sequence[LiveGro
             slot = formed.get(name)
             chosen.append((key, name, node_at[(slot.domain, slot.devices[0][0])] if slot else ""))
         admitted.append(Admitted(p.job, tuple(chosen)))
-    left = list(placer.waiting)
+    left = placer.queue()  # in the order admission tried them
     if left:
         first = left[0]
         reasons[first] = _why(placer, first, keys_of[first], group_devices)

@@ -27,9 +27,11 @@ their release (``held_device_s``).
 - ``plexrl_backfill``: a later job that fits starts while an earlier one waits (a job passed over
   too often reserves a domain, so none waits forever).
 
-Weight syncs (``sync``): ``gang`` (the live engine today) holds the job's train WPG and every rollout
-WPG at once; ``host`` holds the train WPG only, the rollout WPGs reloading the weights from the host
-tier before the job's next generate there.
+Weight syncs (``sync``, the live engine's rule, ``engine.scheduler.placement.sync_mode``): ``host``
+(the default) holds the job's train WPG only, whose ranks write the new weights to the host tier of
+each rollout WPG's node, the rollout WPGs reloading them from there before the job's next generate;
+a job with a rollout WPG over several nodes syncs ``gang`` regardless, holding its train WPG and
+every rollout WPG at once (``gang`` asks that of every job).
 
 ``run_pools`` keeps the fixed pools of earlier versions for ``--from-bench``: a bench's one rollout
 and one train group.
@@ -53,15 +55,12 @@ import numpy as np
 from engine.accounting.metering import UsageRecord, device_seconds
 from engine.scheduler.admission import AdmissionPolicy, Demand, Domain, JobShape, Placement, Placer, Slot, StepProfile
 from engine.scheduler.core import STEP, Deployment, Dispatch, Policy, Prefetch, Scheduler
-from engine.scheduler.placement import assign_wpgs
+from engine.scheduler.placement import SYNCS, assign_wpgs, check_sync, sync_mode
 from engine.sim.workload import ModelClass, StepPlan, Workload, isolated_step_mean_s
 from engine.support.collector import collector_paused
 
 MODES = ("isolated_split", "colocated", "async_split", "plexrl", "plexrl_backfill")
 SHARED_MODES = ("plexrl", "plexrl_backfill")
-# how a shared job's weight sync runs: "gang" holds its train WPG and every rollout WPG at once (the
-# live engine today); "host" holds the train WPG only and the rollout WPGs reload from the host tier
-SYNCS = ("gang", "host")
 ROLE = "policy"
 
 
@@ -350,6 +349,7 @@ class _Running:
     stages: list[Stage] = field(default_factory=list)
     stage: int = -1
     outstanding: int = 0
+    sync: str = "gang"  # how its sync_weights runs where it is placed now (``placement.sync_mode``)
 
 
 def sim_policy(w: Workload) -> Policy:
@@ -581,16 +581,14 @@ class ClusterSimulation(PoolSimulation):
     are formed one at a time, and ``driver_s`` passes from a job's admission (its WPGs up) to its
     driver's first call."""
 
-    def __init__(self, mode: str, costs: ClassCosts, placer: Placer, *, sync: str = "gang",
+    def __init__(self, mode: str, costs: ClassCosts, placer: Placer, *, sync: str = "host",
                  on_done: Callable[[], None] | None = None, form_s: float = 0.0, driver_s: float = 0.0):
-        if sync not in SYNCS:
-            raise ValueError(f"sync must be one of {', '.join(SYNCS)}, got {sync!r}")
-        self.placer, self.sync, self.form_s, self.driver_s = placer, sync, form_s, driver_s
+        self.placer, self.sync, self.form_s, self.driver_s = placer, check_sync(sync), form_s, driver_s
         self._forming_until = 0.0  # the live service forms WPGs one at a time: when its last one is up
         domains = [Pool(d, "*", Scheduler(costs.policy), [], []) for d in placer.domains]
         super().__init__(mode, domains, admit_load=placer.policy.limit, spread=True, on_done=on_done)
         self.domain = {p.name: p for p in domains}
-        self.shapes, self.declared = costs.shapes, costs.declared
+        self.shapes, self.declared, self.step_s = costs.shapes, costs.declared, costs.step_s
         self.prefetched: dict[tuple[str, Deployment], float] = {}  # (wpg, deployment) -> when its swap began
         self.held_s = 0.0  # device-seconds of WPGs formed, idle or not
         self._held_since = 0.0
@@ -599,6 +597,7 @@ class ClusterSimulation(PoolSimulation):
         self.migrations = 0  # moves to another domain
         self.migrate_s = costs.migrate_s
         self.jobs_by_id: dict[str, SimJob] = {}
+        self.syncs = dict.fromkeys(SYNCS, 0)  # weight syncs run each way
 
     def check(self, job: SimJob) -> None:
         """The placer refuses, at its arrival, a job no domain could hold."""
@@ -611,7 +610,8 @@ class ClusterSimulation(PoolSimulation):
 
     def handle(self, now: float, kind: str, data: Any) -> list[Pool]:
         if kind == "arrive":
-            self.placer.arrive(data.id, self.shapes[data.cls], self.declared[data.cls], now)
+            work = data.steps * self.step_s.get(data.cls, 0.0)  # its expected seconds alone
+            self.placer.arrive(data.id, self.shapes[data.cls], self.declared[data.cls], now, work)
             self.jobs_by_id[data.id] = data
             return self.admit(now)
         if kind == "resume":
@@ -632,7 +632,7 @@ class ClusterSimulation(PoolSimulation):
             job = self.jobs_by_id[placement.job]
             pool = self.domain[placement.domain]
             self._form(pool, placement)
-            r = _Running(job, pool, placement.rollout, placement.train)
+            r = _Running(job, pool, placement.rollout, placement.train, sync=self._sync_of(placement))
             self.running[job.id] = r
             self.start[job.id] = now
             self._costs(r)
@@ -649,6 +649,12 @@ class ClusterSimulation(PoolSimulation):
         self.held_peak = max(self.held_peak, self.placer.held_devices())
         return touched
 
+    def _sync_of(self, placement: Placement) -> str:
+        """The sync the live engine gives these WPGs (the same rule): through the host tier
+        only where one node's StateManager serves them all, else gang."""
+        nodes = [{node for node, _ in self.placer.slots[name].devices} for name in placement.rollout]
+        return sync_mode(self.sync, trainer_swaps=True, rollout_swaps=True, rollout_kind="vllm", nodes=nodes)
+
     def _form(self, pool: Pool, placement: Placement) -> None:
         for slot in placement.formed:
             pool.scheduler.add_wpg(slot.name, devices=len(slot.devices), capacity=slot.capacity, kind=slot.kind)
@@ -662,7 +668,10 @@ class ClusterSimulation(PoolSimulation):
         """With ``sync="host"``, a weight sync holds the train WPG only: the trainer writes the new
         rollout weights to the host tier, and each rollout WPG streams them in before the job's
         next generate there (a swap, which a prefetch hint may overlap)."""
-        if spec.target != "sync" or self.sync != "host":
+        if spec.target != "sync":
+            return super().call_wpgs(r, spec)
+        self.syncs[r.sync] += 1
+        if r.sync != "host":
             return super().call_wpgs(r, spec)
         for name in r.rollout:
             r.pool.scheduler.evicted(name, (r.job.id, spec.role))
@@ -692,6 +701,7 @@ class ClusterSimulation(PoolSimulation):
             new = self.domain[progress.move.domain]
             self._form(new, progress.move)
             r.pool, r.rollout, r.train = new, progress.move.rollout, progress.move.train
+            r.sync = self._sync_of(progress.move)
             self._costs(r)
             if self.placer.is_urgent(r.job.id):
                 new.scheduler.set_priority(r.job.id, self.placer.policy.urgent_factor)
@@ -753,18 +763,21 @@ def migrate_s(w: Workload, c: ModelClass) -> float:
 @dataclass(frozen=True)
 class ClassCosts:
     """What ``ClusterSimulation`` knows of each job class: its shape, declared demand, the seconds
-    its state takes to cross to another domain; and the scheduler cores' policy."""
+    its state takes to cross to another domain, its expected step time alone (if known: a job's
+    expected work orders the placer's queue); and the scheduler cores' policy."""
 
     shapes: dict[str, JobShape]
     declared: dict[str, Demand]
     migrate_s: dict[str, float]
     policy: Policy
+    step_s: dict[str, float] = field(default_factory=dict)
 
 
 def workload_costs(w: Workload) -> ClassCosts:
     return ClassCosts({c.name: job_shape(w, c) for c in w.classes},
                       {c.name: Demand(*declared_demand(w, c)) for c in w.classes},
-                      {c.name: migrate_s(w, c) for c in w.classes}, sim_policy(w))
+                      {c.name: migrate_s(w, c) for c in w.classes}, sim_policy(w),
+                      {c.name: isolated_step_mean_s(w, c) for c in w.classes})
 
 
 def job_shape(w: Workload, c: ModelClass) -> JobShape:
@@ -792,12 +805,13 @@ def run_shared(mode: str, w: Workload, plans: list[StepPlan], *, admission: dict
                on_done: Callable[[], None] | None = None) -> ModeResult:
     admission = dict(admission or {})
     groups = admission.pop("groups_per_domain", None)
-    sync = admission.pop("sync", "gang")
+    sync = admission.pop("sync", "host")
     policy = sim_admission(w, mode, **admission)
     placer = Placer(cluster_domains(w, groups), policy)
     sim = ClusterSimulation(mode, workload_costs(w), placer, sync=sync, on_done=on_done)
     result = sim.run([workload_job(w, p) for p in plans])
-    result.extra = {"admission": dataclasses.asdict(policy), "sync": sync, "domains": len(placer.domains),
+    result.extra = {"admission": dataclasses.asdict(policy), "sync": sync, "syncs": sim.syncs,
+                    "domains": len(placer.domains),
                     "moves": sim.moves, "migrations": sim.migrations, "held_peak_devices": sim.held_peak}
     return result
 

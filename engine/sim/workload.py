@@ -237,11 +237,12 @@ class StepPlan:
         return self.rollout_s.max(axis=1)
 
     def work_floor_device_s(self) -> float:
-        """Device-seconds of the job's phases on right-sized groups with zero switch cost."""
+        """Device-seconds of the job's phases on right-sized groups with zero switch cost. A weight
+        sync counts on the train devices only: through the host tier that is all it holds, and the
+        rollout side's reload of the new weights is a switch (so no mode bills below this floor)."""
         c = self.cls
         return float(c.replica_gpus * self.rollout_s.sum()
-                     + c.train_gpus * (self.logprob_s.sum() + self.train_s.sum())
-                     + (c.rollout_gpus + c.train_gpus) * self.sync_s.sum())
+                     + c.train_gpus * (self.logprob_s.sum() + self.train_s.sum() + self.sync_s.sum()))
 
 
 def _calibration(w: Workload, c: ModelClass) -> float:

@@ -26,6 +26,7 @@ class StateManager:
         import os
 
         self.store = StateStore(Path(root), Path(host_dir), host_budget)
+        self._writer = None  # for ``put``: a client of the store in this process
         # one socket per manager process: a restarted manager never answers on its predecessor's
         try:
             self.fast = Server(f"{host_dir}-{os.getpid()}.sock", self, FAST_METHODS)
@@ -69,6 +70,17 @@ class StateManager:
 
     def abort(self, token):
         return self.store.abort(token)
+
+    def put(self, model: str, tensors: dict) -> dict[str, float]:
+        """Write ``{(name, shard): tensor}`` into ``model``'s state for a writer on another node (a
+        trainer publishing new weights to this node's rollout engine): it cannot map this node's
+        host files, so its tensors arrive here over the network and this process copies them in
+        (one reservation, committed whole). Returns ``bytes`` and ``seconds``."""
+        if self._writer is None:
+            from engine.state.rank_client import StateClient
+
+            self._writer = StateClient(self.store, "remote-writer")
+        return self._writer.write(model, tensors)
 
     def load(self, model: str) -> dict[str, Any]:
         """disk -> host for every blob of ``model`` (the first half of a load; a WPG rank does

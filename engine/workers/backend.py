@@ -7,6 +7,7 @@ order the router submitted them.
 from __future__ import annotations
 
 import enum
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +20,46 @@ if TYPE_CHECKING:  # torch: for backends, not for the group handles a job's driv
 
 Deployment = tuple[str, str]  # (job, role)
 
+#: A host-tier weight sync writes about this many bytes per StateManager reservation (a round trip
+#: each), so it neither asks once per tensor nor holds a second copy of the whole model.
+PUBLISH_BATCH_BYTES = 64 << 20
+
 #: Calls that change no state of the deployment: after only these, its state in the StateManager
 #: is still current, so swapping it out moves no bytes.
 READ_ONLY = frozenset({"forward", "generate", "save_checkpoint"})
+
+
+def _logical(keys: dict[tuple[str, Any], Any], model: str) -> dict[str, Any]:
+    """``{name: TensorMeta of the whole tensor}`` from a stored model's keys (whole tensors, or the
+    shards of one layout)."""
+    from engine.state.store import TensorMeta
+
+    if not keys:
+        raise KeyError(f"the StateManager has no model {model!r} (the rollout side was never created)")
+    out: dict[str, Any] = {}
+    for (name, spec), meta in keys.items():
+        shape = list(meta.shape)
+        if spec.dim is not None:
+            shape[spec.dim] *= spec.count
+        out[name] = TensorMeta(meta.dtype, tuple(shape))
+    return out
+
+
+def _store_on(client: Any, node: str | None, model: str) -> tuple[dict, Any]:
+    """``model``'s stored keys in ``node``'s StateManager, and a function that writes
+    ``{(name, shard): tensor}`` there: through this rank's ``client`` on its own node, else through
+    that node's manager actor."""
+    import ray
+
+    if node is None or node == ray.get_runtime_context().get_node_id():
+        return client.call("keys", model), lambda tensors: client.write(model, tensors)
+    from engine.state.manager import NAME
+
+    try:
+        manager = ray.get_actor(NAME.format(node=node[:12]))
+    except ValueError:
+        raise RuntimeError(f"node {node[:12]} has no StateManager to publish {model} to") from None
+    return ray.get(manager.keys.remote(model)), lambda tensors: ray.get(manager.put.remote(model, tensors))
 
 
 def state_id(deployment: Deployment, side: str = "") -> str:
@@ -92,6 +130,61 @@ class Backend(ABC):
         pulls one logical tensor at a time). Backends that can list names cheaply override this."""
         return [name for name, _, _ in self.export_weights(deployment, None)]
 
+    def publish_weights(self, deployment: Deployment, *, node: str | None = None,
+                        batch_bytes: int = PUBLISH_BATCH_BYTES) -> dict[str, Any]:
+        """``sync_weights`` through the host tier: write this rank's part of the deployment's trainer
+        weights into the StateManager of the rollout group's ``node`` (None: this rank's) as its
+        rollout state (``state_id(deployment, "rollout")``), in the dtype stored there, a batch of
+        logical tensors at a time. Each rank writes its own shards; a whole tensor (the same on
+        every rank) is written by rank 0 only. On this node the rank copies into the host files
+        itself; another node's manager receives the tensors over the network and copies them in.
+        The rollout group is not held meanwhile: its engine reloads the weights from its node's
+        StateManager before the deployment's next ``generate`` there.
+
+        Returns ``bytes`` (the logical weights published, as a rollout-side sync counts them),
+        ``written`` (this rank's bytes) and ``seconds``."""
+        client = self.state_client
+        if client is None:
+            raise RuntimeError("a host-tier weight sync needs a trainer group that swaps state (a StateManager)")
+        started = time.perf_counter()
+        model = state_id(deployment, "rollout")
+        keys, write = _store_on(client, node, model)
+        stored = _logical(keys, model)
+        names = self.weight_names(deployment)
+        unknown = [n for n in names if n not in stored]
+        if unknown:
+            raise ValueError(f"trainer weights {unknown[:5]} are not in {deployment}'s rollout model")
+        logical = written = batched = 0
+        batch: list[str] = []
+        for i, name in enumerate(names):
+            batch.append(name)
+            batched += stored[name].nbytes
+            if batched < batch_bytes and i + 1 < len(names):
+                continue
+            tensors = dict(self._shards_to_publish(deployment, batch, stored))
+            if tensors:
+                write(tensors)
+            written += sum(t.numel() * t.element_size() for t in tensors.values())
+            logical, batched, batch = logical + batched, 0, []
+        return {"bytes": logical, "written": written, "seconds": time.perf_counter() - started}
+
+    def _shards_to_publish(self, deployment: Deployment, names: list[str], stored: dict[str, Any]):
+        """``((name, spec), tensor)`` this rank writes for ``names``, checked against the rollout
+        model's logical shapes and converted to its dtypes."""
+        from engine.state.layout import WHOLE
+
+        for name, tensor, spec in self.export_weights(deployment, names):
+            if spec == WHOLE and self.rank:
+                continue  # rank 0 writes the tensors every rank holds whole
+            meta = stored[name]
+            want = list(meta.shape)
+            if spec != WHOLE:
+                want[spec.dim] //= spec.count
+            if list(tensor.shape) != want:
+                raise ValueError(f"{name}{'' if spec == WHOLE else f' shard {spec.index} of {spec.count}'}: "
+                                 f"trainer shape {tuple(tensor.shape)}, rollout {tuple(want)}")
+            yield (name, spec), tensor.to(meta.torch_dtype)
+
     def stats(self) -> dict[str, Any]:
         """Backend counters for tests and benchmarks (e.g. weight swaps: bytes and seconds)."""
         return {}
@@ -122,6 +215,12 @@ class Backend(ABC):
         """Make a swapped-out deployment resident again from the StateManager (using what a
         ``prefetch`` already read, if it did)."""
         raise NotImplementedError(f"{type(self).__name__} cannot swap job state")
+
+    def weights_changed(self, deployment: Deployment, complete: bool = True) -> None:
+        """A host-tier sync replaced the deployment's rollout weights in the StateManager
+        (``publish_weights`` on its trainer group); only a rollout backend that loads them from
+        there takes part."""
+        raise NotImplementedError(f"{type(self).__name__} does not load published weights")
 
     def prefetch(self, deployment: Deployment) -> None:  # noqa: B027 - a hint: ignoring it is correct
         """Start reading a swapped-out deployment's state in the background (a hint)."""

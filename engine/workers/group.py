@@ -31,6 +31,12 @@ from engine.workers.backend import Backend, BackendKind
 
 NOOP = "noop"  # a call that does nothing in the rank: probes the call path (liveness, overhead)
 CREATE = "create"  # makes a deployment resident from a model folder (payload: model_dir, trainable, optimizer)
+# A ``sync_weights`` whose payload has this key (the rollout group's name) runs on the trainer group
+# alone: it publishes the weights to the StateManager of the rollout group's node, and the rollout
+# group reloads them from there before its next generate of the deployment (a host-tier sync; see
+# the router).
+PUBLISH_TO = "publish_to"
+PUBLISH_NODE = "publish_node"  # the node of that group, whose StateManager gets the weights
 # Calls whose payload and result are large (batches, completions): they travel through the object
 # store by reference, so the scheduler between caller and rank never copies them.
 BULKY = frozenset({"generate", "forward", "forward_backward"})
@@ -39,6 +45,13 @@ DEVICE_RESOURCE = "device"  # per-node custom resource: one slot per accelerator
 
 NODE_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id
 PLACE_TIMEOUT_S = 60.0
+
+
+def publishes_to(request: Request) -> str | None:
+    """The rollout group a host-tier ``sync_weights`` request publishes for, else None."""
+    if request.fn != "sync_weights" or not isinstance(request.payload, dict):
+        return None
+    return request.payload.get(PUBLISH_TO)
 
 
 class PlacementError(RuntimeError):
@@ -163,6 +176,11 @@ class WorkerRank:
     def execute(self, request: Request) -> Any:
         if request.fn == NOOP:
             return None
+        if publishes_to(request) is not None:
+            deployment = tuple(request.deployment)
+            if self.swapping is not None:
+                self.switch(deployment)
+            return self.backend.publish_weights(deployment, node=request.payload.get(PUBLISH_NODE))
         if self.swapping is None:
             return self.backend.execute(request.deployment, request.fn, request.payload)
         deployment = tuple(request.deployment)
@@ -211,6 +229,14 @@ class WorkerRank:
         if result["seconds"]:
             self._count("out", result)
         return result
+
+    @ray.method(concurrency_group="hints")
+    def weights_changed(self, deployment, complete: bool = True) -> None:
+        """The deployment's rollout weights in the StateManager were replaced by a host-tier sync
+        (``complete``: every tensor; else the sync failed half-way). The engine no longer holds
+        them: its next generate of the deployment reloads them (or refuses torn ones). Served in
+        its own thread, so the scheduler need not wait for this group's current call."""
+        self.backend.weights_changed(tuple(deployment), complete)
 
     @ray.method(concurrency_group="hints")
     def prefetch(self, deployment) -> None:

@@ -130,6 +130,7 @@ class SwapStats:
     sync_bytes: int = 0
     sync_seconds: float = 0.0
     prefix_cache_resets: int = 0
+    published: int = 0  # host-tier syncs: new weights in the StateManager, reloaded at the next generate
 
 
 class VllmBackend(Backend):
@@ -278,6 +279,20 @@ class VllmBackend(Backend):
         if release and self.owns_engine and self.resident == deployment:
             self._set_resident(None)
         return {"bytes": 0, "seconds": 0.0}
+
+    def weights_changed(self, deployment, complete=True):
+        """A host-tier sync wrote new weights for the deployment to the StateManager: the engine's
+        copy is stale (reloaded before its next generate); ``complete=False`` (the sync failed
+        half-way): the stored weights are torn, and a generate refuses them until a sync succeeds."""
+        if not self.owns_engine:
+            return
+        state = self._state(deployment)
+        if state.weights is not None:
+            raise RuntimeError(f"{deployment}'s rollout weights are kept in this rank, not in a StateManager")
+        state.torn = not complete
+        if self.resident == deployment:
+            self._set_resident(None)
+        self.swap.published += int(complete)
 
     def prefetch(self, deployment):
         """Have the StateManager bring the deployment's weights to the host tier (and keep them)."""

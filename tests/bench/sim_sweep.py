@@ -9,8 +9,9 @@ Each row is ``paper-math-backlog`` (the 1,000-job preset's arrival rate, scaled 
 every mode carries a backlog and completion measures capacity) with one thing changed: the
 rollout's long tail (log-normal sigma and cap), the reward / tool-stall share of the step, the
 offered load. Every mode runs on the same drawn jobs; the shared mode is ``plexrl_backfill`` with
-the default admission policy, once with the live engine's weight sync (``gang``: train and rollout
-WPGs held at once) and once with ``host`` (the train WPG only; rollout WPGs reload from host).
+the default admission policy, once with ``gang`` weight syncs (train and rollout WPGs held at once,
+for every job) and once with ``host``, the live engine's (the train WPG only, the rollout WPGs
+reloading from their node's host memory, wherever each rollout WPG is on one node).
 With ``--seeds``, each row runs on every seed's drawn jobs and shows each ratio's median over them
 (one seed's completion ratios move by a few hundredths with the draw). Columns: billed device-hours
 over async split's, completion time over isolated split's (and async split's and colocated's, for

@@ -8,10 +8,12 @@ its own: the test session's Ray is another cluster."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import ray
@@ -94,15 +96,27 @@ def disk_tiers(data_dir: Path, a: str, b: str) -> dict:
     return {"roots": roots, "stray_kept_by_other": kept, "stray_after_own": stray.exists()}
 
 
-def main(data_dir: Path) -> None:
+@contextlib.contextmanager
+def local_cluster(*nodes: dict) -> Iterator[tuple[Cluster, list]]:
+    """A Ray cluster of several nodes on this machine: a head node with no device slot, then
+    ``nodes`` (``Cluster.add_node`` arguments besides one CPU each), this process connected to it
+    (namespace "probe": the StateManagers are detached actors); shut down on the way out."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    a1 = cluster.add_node(num_cpus=1, resources={"device": 2, "node_group:a": 1})
-    cluster.add_node(num_cpus=1, resources={"device": 2, "node_group:a": 1})
-    cluster.add_node(num_cpus=1, resources={"device": 1}, labels={"plexrl.node_group": "b"})
-    ray.init(address=cluster.address, log_to_driver=False, namespace="probe")  # detached managers: a namespace
+    added = [cluster.add_node(num_cpus=1, **node) for node in nodes]
+    ray.init(address=cluster.address, log_to_driver=False, namespace="probe")
     try:
         cluster.wait_for_nodes()
+        yield cluster, added
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def main(data_dir: Path) -> None:
+    nodes = ({"resources": {"device": 2, "node_group:a": 1}}, {"resources": {"device": 2, "node_group:a": 1}},
+             {"resources": {"device": 1}, "labels": {"plexrl.node_group": "b"}})
+    with local_cluster(*nodes) as (cluster, (a1, _, _)):
         out = {"head": ray.get_runtime_context().get_node_id(), "a1": a1.node_id, "start": snapshot([])}
         group = WorkerGroup.start("probe", "torch", world_size=1, threads=1, data_dir=data_dir, devices_per_rank=2)
         out["wpg_nodes"] = list(group.nodes)
@@ -117,9 +131,6 @@ def main(data_dir: Path) -> None:
         wait_for(lambda: all(n.id != a1.node_id for n in read_nodes()))
         out["after_loss"] = snapshot([group])
         print(json.dumps(out))
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 if __name__ == "__main__":

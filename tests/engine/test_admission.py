@@ -138,6 +138,56 @@ def test_a_job_passed_too_often_reserves_a_domain_that_then_takes_nobody_else():
     assert p.reserved == {}
 
 
+def test_the_longest_expected_work_starts_first_unless_the_policy_says_arrival_order():
+    one = Demand(0.9, 0.9)  # shares with nobody; the node holds one such job at a time
+    for order, expect in (("longest", ["long", "short"]), ("arrival", ["short", "long"])):
+        p = placer(node_devices=4, order=order)
+        p.arrive("first", SMALL, one, 0.0)
+        p.admit(0.0)
+        p.arrive("short", SMALL, one, 1.0, work=100.0)
+        p.arrive("long", SMALL, one, 2.0, work=1000.0)
+        assert p.queue() == expect
+        started = []
+        for now, done in ((3.0, "first"), (4.0, None)):
+            p.finish(done or started[-1])
+            started += [x.job for x in p.admit(now)]
+        assert started == expect
+
+
+def test_a_job_that_waited_longer_than_the_extra_work_of_a_later_one_ranks_before_it():
+    p = placer(node_devices=4)
+    p.arrive("old-short", SMALL, Demand(0.9, 0.9), 0.0, work=100.0)  # ranks at 0 - 100
+    p.arrive("new-long", SMALL, Demand(0.9, 0.9), 500.0, work=550.0)  # 500 - 550: after it
+    p.arrive("newer-longer", SMALL, Demand(0.9, 0.9), 500.0, work=700.0)  # 500 - 700: before it
+    assert p.queue() == ["newer-longer", "old-short", "new-long"]
+
+
+def test_a_job_ranked_first_that_fits_nowhere_is_passed_and_then_reserves_a_domain():
+    p = placer(node_devices=8, domains=2, max_passed=1)
+    tiny, busy = JobShape("t", 1, 1, 1), Demand(0.9, 0.9)
+    for i in range(8):
+        p.arrive(f"f{i}", tiny, busy, 0.0)
+    p.admit(0.0)
+    p.arrive("short", tiny, busy, 1.0, work=10.0)
+    p.arrive("shorter", tiny, busy, 1.0, work=5.0)
+    p.arrive("long", JobShape("b", 1, 4, 4), HALF, 2.0, work=1e6)  # arrived last, ranks first; needs a domain
+    p.finish("f0")
+    assert [x.job for x in p.admit(3.0)] == ["short"]  # fits: passes long once
+    p.finish("f1")
+    assert [x.job for x in p.admit(4.0)] == ["shorter"]  # twice: long reserves d0
+    assert p.reserved == {"d0": "long"}
+
+
+def test_expected_work_and_the_order_are_checked():
+    p = placer()
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="expected work"):
+            p.arrive(f"j{bad}", SMALL, HALF, 0.0, work=bad)
+    assert not p.waiting
+    with pytest.raises(ValueError, match="invalid admission policy"):
+        AdmissionPolicy(order="shortest")
+
+
 def test_after_profiling_a_lone_job_moves_onto_fuller_wpgs_while_jobs_wait():
     p = placer(node_devices=8, limit=1.0, profile_steps=1)
     p.arrive("a", SMALL, HALF, 0.0)
@@ -262,6 +312,18 @@ def test_the_simulator_decides_exactly_what_the_placer_decides():
         got = getattr(fresh, op)(*args)
         assert _plain(got) == out, (op, args)
     assert sum(len(out) for op, _, out in p.log if op == "admit") == 20
+
+
+def test_the_simulator_tells_the_placer_each_jobs_expected_work():
+    from engine.sim.workload import isolated_step_mean_s
+
+    w = small_workload(64, 0.05)
+    drawn = generate_jobs(w, 6, 4)
+    p, _, plans = simulate(w, drawn, AdmissionPolicy(profile_steps=1))
+    expected = {x.job.id: len(x.sync_s) * isolated_step_mean_s(w, x.cls) for x in plans}
+    told = {args[0]: args[4] for op, args, _ in p.log if op == "arrive"}
+    assert told == pytest.approx(expected)
+    assert len(set(told.values())) > 1
 
 
 def _plain(value):

@@ -10,6 +10,7 @@ from engine.scheduler.placement import (
     GroupView,
     Placement,
     place_deployment,
+    sync_mode,
 )
 
 ALL = frozenset(FUNCTIONS)
@@ -94,3 +95,26 @@ def test_roles_need_what_the_api_offers():
     for train, rollout in ROLE_FUNCTIONS.values():
         assert train <= ALL
         assert rollout is None or rollout <= ALL
+
+
+@pytest.mark.parametrize(("trainer_swaps", "rollout_swaps", "kind", "nodes", "want"), [
+    (True, True, "vllm", [("n1",)], "host"),
+    (True, True, "vllm", [("n1", "n1"), ("n2",)], "host"),  # each rollout group on one node: its StateManager
+    (False, True, "vllm", [("n1",)], "gang"),  # the trainer has no StateManager client to write with
+    (True, False, "vllm", [("n1",)], "gang"),  # the engine keeps its own copy
+    (True, True, "torch", [("n1",)], "gang"),  # only a vLLM engine reloads published weights
+    (True, True, "vllm", [("n1", "n2")], "gang"),  # a rollout group over two nodes: two StateManagers
+    (True, True, "vllm", [("n1",), ()], "gang"),  # a group's nodes unknown
+    (True, True, "vllm", [], "gang"),  # no rollout group
+])
+def test_a_host_tier_sync_only_where_each_rollout_group_has_one_statemanager(trainer_swaps, rollout_swaps, kind,
+                                                                             nodes, want):
+    assert sync_mode("host", trainer_swaps=trainer_swaps, rollout_swaps=rollout_swaps, rollout_kind=kind,
+                     nodes=nodes) == want
+    assert sync_mode("gang", trainer_swaps=trainer_swaps, rollout_swaps=rollout_swaps, rollout_kind=kind,
+                     nodes=nodes) == "gang"
+
+
+def test_an_unknown_sync_is_refused():
+    with pytest.raises(ValueError, match="sync must be one of gang, host, not 'fast'"):
+        sync_mode("fast", trainer_swaps=True, rollout_swaps=True, rollout_kind="vllm", nodes=[("n1",)])

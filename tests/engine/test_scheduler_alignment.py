@@ -91,3 +91,18 @@ def test_a_step_mark_needs_no_wpg_and_other_calls_need_one():
         s.submit("a", "policy", "generate", (), 0.0)
     with pytest.raises(ValueError, match="distinct WPGs"):
         s.submit("a", "", STEP, ("g",), 0.0)
+
+
+def test_a_sync_is_profiled_on_the_side_whose_wpgs_it_holds():
+    """A gang ``sync_weights`` (rollout and train WPGs) counts as rollout time, as its function is;
+    a host-tier one, on the train WPG alone, counts as train time: that WPG is the one it keeps busy."""
+    s = Scheduler(Policy(profile_steps=4, max_wait_s=1e9))
+    s.add_wpg("r", kind="rollout")
+    s.add_wpg("t", kind="train")
+    for job, wpgs in (("gang", ("r", "t")), ("host", ("t",))):
+        s.submit(job, "", STEP, (), 0.0)
+        call = s.submit(job, "policy", "sync_weights", wpgs, 0.0)
+        assert [d.call for d in s.decide(0.0)] == [call]
+        s.complete(call.id, 1.0, exec_s=1.0)
+    assert [phase for phase, *_ in s.aligner.calls["gang"]] == ["rollout"]
+    assert [phase for phase, *_ in s.aligner.calls["host"]] == ["train"]

@@ -141,8 +141,9 @@ def test_dedicated_jobs_queue_first_come_first_served_for_devices():
 
 
 def test_work_floor_counts_each_replica_its_own_busy_time():
-    # replicas (3 + 2 + 3 + 3) x 1 device + train side (1 + 2) x 2 steps x 2 devices + sync 2 x 4
-    assert tiny_plan().work_floor_device_s() == pytest.approx(11 + 12 + 8)
+    # replicas (3 + 2 + 3 + 3) x 1 device + train side (1 + 2) x 2 steps x 2 devices + sync 2 x 2 (the
+    # train devices: a sync through the host tier holds no more; the rollout side's reload is a switch)
+    assert tiny_plan().work_floor_device_s() == pytest.approx(11 + 12 + 4)
 
 
 # --- presets, draws and the whole run ------------------------------------------------------------------
@@ -219,6 +220,29 @@ def test_every_mode_completes_every_job_and_shared_modes_bill_near_the_floor():
     assert device_seconds(results["plexrl"].usage) < device_seconds(results["async_split"].usage)
 
 
+def test_a_job_syncs_through_the_host_tier_only_where_each_rollout_wpg_is_on_one_node():
+    """The live engine's rule, per job: with one-node replicas every sync holds the train WPG only
+    (and the rollout WPGs reload); with replicas wider than a node every sync is gang, as if asked
+    for, whatever the default."""
+    w = dataclasses.replace(PRESETS["paper-math"], gpus=512, steps_min=3, steps_max=4)
+    plans = plan_all(w, generate_jobs(w, 8, 0))
+    steps = sum(p.job.steps for p in plans)
+    host = run_mode("plexrl_backfill", w, plans)  # sync="host", the default
+    assert host.extra["sync"] == "host"
+    assert host.extra["syncs"] == {"host": steps, "gang": 0}
+    syncs = [r for r in host.usage if r.fn == "sync_weights"]
+    assert len(syncs) == steps  # one WPG each: the train WPG
+    # the same jobs with every replica over two nodes (16 devices on nodes of 8)
+    wide = dataclasses.replace(w, classes=tuple(dataclasses.replace(c, replica_gpus=16, rollout_gpus=64)
+                                                for c in w.classes))
+    plans = plan_all(wide, [p.job for p in plans])
+    steps = sum(p.job.steps for p in plans)
+    ran = {sync: run_mode("plexrl_backfill", wide, plans, admission={"sync": sync}) for sync in ("host", "gang")}
+    assert ran["host"].extra["syncs"] == ran["gang"].extra["syncs"] == {"host": 0, "gang": steps}
+    same = {"wall_seconds": 0, "events_per_s": 0, "sync": ""}  # all else equal
+    assert summarise(ran["host"], plans) | same == summarise(ran["gang"], plans) | same
+
+
 def test_same_seed_same_report_and_another_seed_differs():
     def digest(seed):
         _, plans, results = small_run(seed)
@@ -269,6 +293,7 @@ def test_csv_trace_loads_and_names_the_bad_line(tmp_path):
     (["--admission", "limit=1.6", "--admission", "slowdown_bound=1.5"], "--admission: invalid admission policy"),
     (["--admission", "backfill=maybe"], "--admission backfill: 'maybe' is not a valid bool"),
     (["--admission", "groups_per_domain=0"], "groups_per_domain: must be >= 1"),
+    (["--admission", "order=fastest"], "--admission: invalid admission policy: order must be one of arrival, longest"),
     (["--sync", "later"], "invalid choice: 'later'"),
 ])
 def test_cli_bad_input_is_one_line_and_status_2(argv, message):
@@ -299,7 +324,7 @@ def test_cli_runs_a_small_cluster_with_json_and_a_plot(tmp_path):
     assert report["parameters"]["gpus"] == 512
     for mode in ("plexrl", "plexrl_backfill"):
         assert report["modes"][mode]["admission"]["slowdown_bound"] == 1.5
-        assert report["modes"][mode]["sync"] == "gang"
+        assert report["modes"][mode]["sync"] == "host"  # the default, as the live engine syncs
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -11,6 +11,9 @@ node's device slots (the session's torch group may hold a whole one).
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -347,3 +350,96 @@ def test_vllm_switches_between_jobs_weights_kept_in_the_state_manager(vllm, mega
     ray.get([r.drop.remote(b) for r in swapped.ranks])
     assert not reader.call("has_model", f"{b[0]}/policy@rollout")
     assert reader.call("has_model", f"{a[0]}/policy@rollout")
+
+
+@pytest.mark.slow
+def test_a_host_tier_sync_holds_the_trainer_only_and_the_rollout_samples_the_new_weights(
+        vllm, megatron, model_dir, job):
+    """Router with ``sync="host"`` over a Megatron TP=2 trainer and a vLLM engine that both swap:
+    ``sync_weights`` runs on the trainer group alone (its usage names no other group), writes the
+    trained weights to the StateManager as the rollout state, and the engine reloads them before the
+    next generate, which then samples exactly what a gang sync into a group that never swapped gives."""
+    from engine.scheduler.placement import Placement
+    from engine.scheduler.router import Router
+
+    swapped, plain = vllm
+    trainer = megatron[2][0]
+    router = Router([trainer, swapped])  # sync="host" is the default
+    deployment = (f"{job}-host", "policy")
+    router.create(*deployment, model_dir, trainable=True, optimizer=OptimizerConfig(lr=5e-2))
+    placed = router.placement[deployment]
+    assert placed == Placement(trainer.name, swapped.name)
+    assert router.sync_of(placed) == "host"
+    assert Router([trainer, swapped], sync="gang").sync_of(placed) == "gang"
+
+    prompts = _prompts()
+    sampled = SamplingParams(n=2, temperature=1.0, max_tokens=MAX_TOKENS, seed=5)
+
+    def answers(call):
+        return [[c.token_ids for c in call(s)] for s in (GREEDY, sampled)]
+
+    def generate_routed(sampling):
+        return router.call(*deployment, "generate", {"prompts": prompts, "sampling": sampling}).result()
+
+    before = answers(generate_routed)
+    push = Batch(prompts=prompts, completions=[[9, 9, EOS]] * len(prompts))
+    for _ in range(3):
+        router.call(*deployment, "forward_backward", {"batch": push, **CE})
+        router.call(*deployment, "optim_step", {})
+    usage: list[dict] = []
+    stats_before = ray.get(swapped.ranks[0].stats.remote())
+    synced = router.call(*deployment, "sync_weights", {}, on_usage=usage.extend).result()
+    trained = _weights(trainer, deployment)
+    assert synced["bytes"] == sum(t.numel() * t.element_size() for t in trained.values())
+    assert {r["wpg"] for r in usage} == {trainer.name}  # the rollout group was not held
+    stats_synced = ray.get(swapped.ranks[0].stats.remote())
+    assert stats_synced["published"] == stats_before["published"] + 1
+    assert stats_synced["syncs"] == stats_before["syncs"]  # nothing streamed into the engine by the sync
+    assert stats_synced["resident"] != deployment  # its engine copy is stale until the next generate
+
+    after = answers(generate_routed)
+    stats_after = ray.get(swapped.ranks[0].stats.remote())
+    assert stats_after["swaps"] == stats_synced["swaps"] + 1  # the reload from the StateManager
+    assert after != before  # the steps changed the answers
+    reader = StateClient(_manager, "test-reader")
+    stored = reader.read(f"{deployment[0]}/policy@rollout", [(n, WHOLE) for n in trained])[0]
+    assert all(torch.equal(stored[(n, WHOLE)], t) for n, t in trained.items())
+
+    # the same weights pulled by a gang sync into a group that keeps its own copy sample the same
+    plain.create(deployment, model_dir, trainable=False, optimizer=None)
+    _run(plain, deployment, "sync_weights", source=trainer.ranks)
+    assert answers(lambda s: _run(plain, deployment, "generate", prompts=prompts, sampling=s)) == after
+
+
+@pytest.mark.slow
+def test_a_torn_host_tier_sync_is_refused_until_a_sync_completes(vllm, model_dir, job):
+    """A host-tier sync that failed half-way leaves the rollout weights torn: the engine refuses to
+    generate from them, and the next complete sync clears that."""
+    swapped, _ = vllm
+    deployment = (f"{job}-torn", "policy")
+    swapped.create(deployment, model_dir, trainable=False, optimizer=None)
+    greedy = _run(swapped, deployment, "generate", prompts=_prompts(), sampling=GREEDY)
+    ray.get([r.weights_changed.remote(deployment, False) for r in swapped.ranks])
+    with pytest.raises(ray.exceptions.RayTaskError, match="incomplete after a failed sync_weights"):
+        _run(swapped, deployment, "generate", prompts=_prompts(), sampling=GREEDY)
+    ray.get([r.weights_changed.remote(deployment, True) for r in swapped.ranks])
+    assert _run(swapped, deployment, "generate", prompts=_prompts(), sampling=GREEDY) == greedy
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_host_tier_sync_reaches_a_rollout_engine_on_another_ray_node(tmp_path):
+    """Two Ray nodes: the trainer writes the weights into the rollout node's StateManager over the
+    network (holding the trainer group only), and the engine there samples the trained weights."""
+    done = subprocess.run([sys.executable, "-m", "tests.engine.host_sync_probe", str(tmp_path)], capture_output=True,
+                          text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["trainer_nodes"] == [out["train_node"]]
+    assert out["rollout_nodes"] == [out["rollout_node"]] != [out["train_node"]]
+    assert out["sync"] == "host"
+    assert out["sync_wpgs"] == [out["trainer"]]  # the rollout group was not held
+    assert out["synced"]["bytes"] == out["trained_bytes"]
+    assert out["after"] == out["reference"]  # transformers' greedy answers on the trainer's weights
+    assert out["after"] != out["before"]
+    assert (out["published"], out["reloads"]) == (1, 1)
