@@ -688,7 +688,7 @@ class ClusterSimulation(PoolSimulation):
 
     def _step_done(self, r: _Running, now: float) -> list[Pool]:
         """The job's step ended (not its last): report it; apply a move and an urgency change."""
-        progress = self.placer.step_done(r.job.id, step_profile(r.stages), now)
+        progress = self.placer.step_done(r.job.id, step_profile(r.stages, r.sync), now)
         touched = [r.pool]
         old = r.pool
         if progress.urgent is not None:
@@ -733,9 +733,11 @@ class ClusterSimulation(PoolSimulation):
         return cost if began is None else max(0.0, cost - (now - began))
 
 
-def step_profile(stages: list[Stage]) -> StepProfile:
+def step_profile(stages: list[Stage], sync: str = "gang") -> StepProfile:
     """A step's stages as the placer's profile: execution seconds per rollout replica, on the
-    train side and on both sides, and seconds on the host."""
+    train side and on both sides, and seconds on the host. A weight sync runs on both sides when
+    ``sync`` is "gang", on the train side alone when "host" (the rollout side's reload is a swap,
+    not execution: the live aligner profiles a host-tier sync as training too)."""
     rollout: dict[int, float] = defaultdict(float)
     train = both = host = 0.0
     for stage in stages:
@@ -745,7 +747,7 @@ def step_profile(stages: list[Stage]) -> StepProfile:
         for spec in stage:
             if spec.target == "rollout":
                 rollout[spec.replica] += spec.seconds
-            elif spec.target == "train":
+            elif spec.target == "train" or sync == "host":
                 train += spec.seconds
             else:
                 both += spec.seconds

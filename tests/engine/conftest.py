@@ -251,13 +251,31 @@ def run_plexrl() -> CliRunner:
 
     def run(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
         base = {k: v for k, v in os.environ.items() if k not in ENGINE_ENV}
-        return subprocess.run(
-            [sys.executable, "-m", "plexrl", *args],
-            cwd=REPO,
-            env={**base, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        argv = [sys.executable, "-m", "plexrl", *args]
+        with subprocess.Popen(argv, cwd=REPO, env={**base, **(env or {})}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as proc:
+            stacks = None
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                stacks = _stacks(proc.pid)  # where it is stuck, before it is killed
+                proc.kill()
+                out, err = proc.communicate()
+        if stacks is not None:
+            pytest.fail(f"`plexrl {' '.join(args)}` ran past {timeout} s; its stderr ended:\n{err[-3000:]}\n"
+                        f"its threads and its child processes' (py-spy dump):\n{stacks}")
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     return run
+
+
+def _stacks(pid: int) -> str:
+    """Every thread's Python stack of process ``pid`` and of its child processes (Ray's raylet
+    and workers included), by py-spy (installed with Ray); what went wrong, if it could not."""
+    spy = Path(sys.executable).with_name("py-spy")
+    try:
+        done = subprocess.run([str(spy), "dump", "--pid", str(pid), "--subprocesses"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(py-spy failed: {exc})"
+    return (done.stdout + done.stderr)[-20000:]

@@ -13,9 +13,20 @@ import numpy as np
 import pytest
 
 from engine.accounting.metering import device_seconds
+from engine.scheduler.admission import Demand, measure_demand
 from engine.scheduler.core import Policy
 from engine.scheduler.placement import assign_wpgs
-from engine.sim.simulate import MODES, CallSpec, SimJob, make_pool, run_dedicated, run_mode, run_pools, summarise
+from engine.sim.simulate import (
+    MODES,
+    CallSpec,
+    SimJob,
+    make_pool,
+    run_dedicated,
+    run_mode,
+    run_pools,
+    step_profile,
+    summarise,
+)
 from engine.sim.workload import (
     PRESETS,
     Job,
@@ -241,6 +252,20 @@ def test_a_job_syncs_through_the_host_tier_only_where_each_rollout_wpg_is_on_one
     assert ran["host"].extra["syncs"] == ran["gang"].extra["syncs"] == {"host": 0, "gang": steps}
     same = {"wall_seconds": 0, "events_per_s": 0, "sync": ""}  # all else equal
     assert summarise(ran["host"], plans) | same == summarise(ran["gang"], plans) | same
+
+
+def test_a_host_tier_sync_profiles_as_training_and_a_gang_sync_on_both_sides():
+    """The placer measures what each WPG runs: a host-tier sync runs on the train WPG alone (the
+    rollout WPGs' reload is a swap), so it adds to the job's train demand only; a gang sync holds
+    both sides."""
+    stages = [(CallSpec("generate", "rollout", 4.0, 0), CallSpec("generate", "rollout", 2.0, 1)), 1.0,
+              (CallSpec("forward_backward", "train", 2.0),), (CallSpec("sync_weights", "sync", 1.0),)]
+    gang, host = step_profile(stages, "gang"), step_profile(stages, "host")
+    assert (gang.rollout_s, gang.train_s, gang.both_s, gang.host_s) == ((4.0, 2.0), 2.0, 1.0, 1.0)
+    assert (host.rollout_s, host.train_s, host.both_s, host.host_s) == ((4.0, 2.0), 3.0, 0.0, 1.0)
+    assert gang.alone_s == host.alone_s == 8.0
+    assert measure_demand([host]) == Demand(rollout=3.0 / 8, train=3.0 / 8)
+    assert measure_demand([gang]) == Demand(rollout=4.0 / 8, train=3.0 / 8)
 
 
 def test_same_seed_same_report_and_another_seed_differs():
