@@ -172,17 +172,16 @@ class Backend(ABC):
         """``((name, spec), tensor)`` this rank writes for ``names``, checked against the rollout
         model's logical shapes and converted to its dtypes."""
         from engine.state.layout import WHOLE
+        from engine.state.store import shard_shape
 
         for name, tensor, spec in self.export_weights(deployment, names):
             if spec == WHOLE and self.rank:
                 continue  # rank 0 writes the tensors every rank holds whole
             meta = stored[name]
-            want = list(meta.shape)
-            if spec != WHOLE:
-                want[spec.dim] //= spec.count
-            if list(tensor.shape) != want:
+            want = shard_shape(meta.shape, spec)
+            if tuple(tensor.shape) != want:
                 raise ValueError(f"{name}{'' if spec == WHOLE else f' shard {spec.index} of {spec.count}'}: "
-                                 f"trainer shape {tuple(tensor.shape)}, rollout {tuple(want)}")
+                                 f"trainer shape {tuple(tensor.shape)}, rollout {want}")
             yield (name, spec), tensor.to(meta.torch_dtype)
 
     def stats(self) -> dict[str, Any]:
