@@ -22,7 +22,10 @@ A job goes through two phases:
    (the highest load they reach within ``limit``) if that releases WPGs of its own or its load
    breaks the limit. Later steps keep looking: while a job waits that fits nowhere, a job alone on
    one of its WPGs moves onto fuller WPGs that take it (no fresh ones) when that releases the WPG
-   (consolidation, across domains: the simulator charges the state's move through storage); while
+   (consolidation, across domains: the simulator charges the state's move through storage, as for
+   any move whose train WPG lies on other nodes); where the whole job cannot move (a WPG it shares
+   is over the limit or closed), each side it is alone on (the train WPG, a replica's rollout WPG)
+   joins the fullest other WPG of its domain that takes it, the rest staying (``gather``); while
    nobody waits, a job that shares a WPG moves onto fresh WPGs of its own (checked again only
    after WPGs were released), so it runs as alone again.
 
@@ -139,6 +142,9 @@ class AdmissionPolicy:
     # False: a job keeps its declared demand and its WPGs until it ends (the live engine today)
     adaptive: bool = True
     order: str = "longest"  # which waiting job is tried first: "arrival", or "longest" expected work
+    # consolidation may move one side of a job (its train WPG, or a replica's) when the whole job
+    # cannot move: each WPG it is alone on joins a fuller one of its domain
+    gather: bool = True
 
     def __post_init__(self):
         if self.order not in ORDERS:
@@ -620,8 +626,35 @@ class Placer:
         if not any(len(s.jobs) == 1 for s in own):
             return None
         option = self._best(job, job.demand, pack=True, fresh=False)
-        if option is None or not self._releases(job, option):
+        if option is not None and self._releases(job, option):
+            return self._apply(job, option, job.demand)
+        return self._gather(job, own) if self.policy.gather else None
+
+    def _gather(self, job: _Job, own: list[Slot]) -> Placement | None:
+        """Move each side of ``job`` it is alone on (its train WPG, a rollout replica's WPG) onto
+        the fullest other WPG of its domain that takes it (one the job does not use already),
+        releasing its own; the other sides stay. None if no side can move."""
+        placed = job.where
+        domain = self.domains[placed.domain]
+        names = [s.name for s in own]  # rollout replicas in order, then the train WPG
+        used = set(names)
+        moved = False
+        for i, slot in enumerate(own):
+            if len(slot.jobs) != 1:
+                continue
+            kind = slot.kind
+            target = next((name for load, name in self._room(domain, job, kind, job.demand.of(kind), pack=True)
+                           if name not in used and load > 0), None)
+            if target is None:
+                continue
+            names[i] = target
+            used.add(target)
+            moved = True
+        if not moved:
             return None
+        loads = [self.slots[n].load - self.slots[n].jobs.get(job.name, 0.0)
+                 + job.demand.of(self.slots[n].kind) for n in names]
+        option = _Option(domain.name, tuple(names[:-1]), names[-1], (), max(loads), sum(loads) / len(loads))
         return self._apply(job, option, job.demand)
 
     def _spread_out(self, job: _Job) -> Placement | None:

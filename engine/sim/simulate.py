@@ -594,7 +594,7 @@ class ClusterSimulation(PoolSimulation):
         self._held_since = 0.0
         self.held_peak = 0
         self.moves = 0
-        self.migrations = 0  # moves to another domain
+        self.migrations = 0  # moves whose train state crosses to other nodes
         self.migrate_s = costs.migrate_s
         self.jobs_by_id: dict[str, SimJob] = {}
         self.syncs = dict.fromkeys(SYNCS, 0)  # weight syncs run each way
@@ -694,9 +694,11 @@ class ClusterSimulation(PoolSimulation):
         if progress.urgent is not None:
             factor = self.placer.policy.urgent_factor if progress.urgent else 1.0
             r.pool.scheduler.set_priority(r.job.id, factor)
+        crossed = False
         if progress.move is not None:
             self._held(now)
             self.moves += 1
+            crossed = self._nodes(r.train, progress.move.released) != self._nodes(progress.move.train)
             old.scheduler.forget(r.job.id)  # between steps: nothing of it is queued
             new = self.domain[progress.move.domain]
             self._form(new, progress.move)
@@ -711,12 +713,17 @@ class ClusterSimulation(PoolSimulation):
             touched += self.admit(now)
         r.stage += 1
         r.step += 1
-        if progress.move is not None and progress.move.domain != old.name:
+        if crossed:
             self.migrations += 1
-            self.push(now + self.migrate_s[r.job.cls], "resume", r)  # its state crosses nodes first
+            self.push(now + self.migrate_s[r.job.cls], "resume", r)  # its train state crosses nodes first
             return touched
         self.begin_step(r, now)
         return touched
+
+    def _nodes(self, train: str, released: Iterable[Slot] = ()) -> tuple[str, frozenset[int]]:
+        """The domain and nodes of train WPG ``train`` (formed, or among ``released``)."""
+        slot = self.placer.slots.get(train) or next(s for s in released if s.name == train)
+        return slot.domain, frozenset(node for node, _ in slot.devices)
 
     def leave(self, r: _Running, now: float) -> None:
         """The ended job leaves the placer; the WPGs it leaves empty are released."""
@@ -755,7 +762,7 @@ def step_profile(stages: list[Stage], sync: str = "gang") -> StepProfile:
 
 
 def migrate_s(w: Workload, c: ModelClass) -> float:
-    """Seconds to move a job's state to another domain's nodes: its train state (weights and
+    """Seconds to move a job's state to other nodes (its train WPG's): its train state (weights and
     optimizer) through storage at the disk bandwidth of its train WPG's nodes (the rollout side is
     refilled by the next weight sync)."""
     nodes = max(1, c.train_gpus // w.node_gpus)
@@ -765,7 +772,7 @@ def migrate_s(w: Workload, c: ModelClass) -> float:
 @dataclass(frozen=True)
 class ClassCosts:
     """What ``ClusterSimulation`` knows of each job class: its shape, declared demand, the seconds
-    its state takes to cross to another domain, its expected step time alone (if known: a job's
+    its state takes to cross to other nodes, its expected step time alone (if known: a job's
     expected work orders the placer's queue); and the scheduler cores' policy."""
 
     shapes: dict[str, JobShape]

@@ -208,6 +208,54 @@ def test_after_profiling_a_lone_job_moves_onto_fuller_wpgs_while_jobs_wait():
     assert [x.job for x in p.admit(10.0)] == ["c"]
 
 
+@pytest.mark.parametrize("gather", [True, False])
+def test_a_job_that_cannot_move_whole_moves_the_side_it_is_alone_on(gather):
+    """x and y share their rollout WPGs, over the limit (measured above what they declared), so y
+    cannot move whole; alone on its train WPG, it moves that side only, releasing room for z."""
+    p = placer(node_devices=6, limit=1.0, gather=gather)
+    shape = JobShape("a", replicas=2, rollout_devices=1, train_devices=2)
+    for name, kind, size in (("r1", "rollout", 1), ("r2", "rollout", 1), ("t1", "train", 2), ("t2", "train", 2)):
+        p.restore(name, "d0", kind, "a", 0, size)
+    p.seat("x", shape, Demand(0.6, 0.3), ["r1", "r2"], "t1", 0.0)
+    p.seat("y", shape, Demand(0.6, 0.3), ["r1", "r2"], "t2", 0.0)
+    p.arrive("z", JobShape("a", 1, 1, 2), Demand(0.3, 0.3), 1.0)
+    assert p.admit(1.0) == []  # no device is free, and no rollout WPG has room
+    move = p.step_done("y", step(), 2.0).move
+    if not gather:
+        assert move is None
+        assert p.admit(2.0) == []
+        return
+    assert move is not None
+    assert (move.rollout, move.train, move.formed, move.moved) == (("r1", "r2"), "t1", (), True)
+    assert [s.name for s in move.released] == ["t2"]
+    assert p.slots["t1"].jobs == {"x": 0.3, "y": 0.3}
+    [z] = p.admit(2.0)
+    assert z.train == "t1"
+    assert len(z.formed) == 1  # a fresh rollout WPG on a device t2 gave back
+
+
+def test_a_move_onto_other_nodes_waits_for_the_train_state_to_cross():
+    """The simulator charges a move whose train WPG lies on other nodes the state's trip through
+    storage, within a domain as across domains (here the cluster is one domain)."""
+    import engine.sim.simulate as sim
+
+    w = small_workload(64, 0.2)
+    drawn = generate_jobs(w, 24, 5)
+    plans = plan_all(w, drawn)
+    results = {}
+    for cost in (0.0, 1e4):
+        costs = dataclasses.replace(workload_costs(w), migrate_s={c.name: cost for c in w.classes})
+        placer = Placer(cluster_domains(w, groups_per_domain=8), AdmissionPolicy(profile_steps=1))
+        assert len(placer.domains) == 1
+        run = sim.ClusterSimulation("plexrl_backfill", costs, placer, sync="host")
+        results[cost] = (run.run([workload_job(w, x) for x in plans]), run)
+    (free, free_run), (slow, slow_run) = results[0.0], results[1e4]
+    assert slow_run.migrations > 0
+    assert free_run.migrations > 0
+    moved = [j for j in free.finish if slow.finish[j] - slow.start[j] >= 1e4]
+    assert len(moved) >= 1
+
+
 def test_a_job_behind_its_slowdown_bound_becomes_urgent_and_recovers():
     p = placer(slowdown_bound=1.5, margin=0.1, profile_steps=0)
     p.arrive("j", SMALL, HALF, 0.0)
