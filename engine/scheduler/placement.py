@@ -9,7 +9,7 @@ the first to the second.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 from engine.api import ROLLOUT_FUNCTIONS, TRAIN_FUNCTIONS
@@ -37,11 +37,12 @@ def check_sync(sync: str) -> str:
 
 
 def sync_mode(wanted: str, *, trainer_swaps: bool, rollout_swaps: bool, rollout_kind: str,
-              nodes: Sequence[Collection[str]]) -> str:
+              nodes: Sequence[Collection[Hashable]]) -> str:
     """The sync a split deployment gets: ``wanted`` ("host" or "gang"), or "gang" where a host-tier
     sync cannot run: both groups must keep state in a StateManager (they swap), the rollout side
     must be vLLM engines (they reload from there), and each rollout group must lie on one node, whose
-    StateManager the trainer writes to (``nodes``: the nodes of each rollout group's ranks)."""
+    StateManager the trainer writes to (``nodes``: the nodes of each rollout group's ranks, by name
+    or by index)."""
     check_sync(wanted)
     possible = (trainer_swaps and rollout_swaps and rollout_kind == "vllm" and bool(nodes)
                 and all(len(set(group)) == 1 for group in nodes))

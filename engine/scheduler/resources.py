@@ -235,18 +235,22 @@ def _wrap(t: float, period: float) -> float:
 
 def _segments(intervals: Iterable[Interval], period: float) -> Iterator[Segment]:
     """Cut intervals at the period's end: whole periods, then the rest wrapped to the start."""
-    for iv in intervals:
-        whole, rest = divmod(iv.duration_s, period)
+    return _piece_segments(((iv.offset_s, iv.duration_s, iv.devices) for iv in intervals), period)
+
+
+def _piece_segments(pieces: Iterable[tuple[float, float, int]], period: float) -> Iterator[Segment]:
+    for offset, duration, devices in pieces:
+        whole, rest = divmod(duration, period)
         if whole:
-            yield (0.0, period, iv.devices * int(whole))
+            yield (0.0, period, devices * int(whole))
         if rest > 0:
-            start = _wrap(iv.offset_s, period)
+            start = _wrap(offset, period)
             end = start + rest
             if end <= period:
-                yield (start, end, iv.devices)
+                yield (start, end, devices)
             else:
-                yield (start, period, iv.devices)
-                yield (0.0, end - period, iv.devices)
+                yield (start, period, devices)
+                yield (0.0, end - period, devices)
 
 
 def _deltas(segments: Iterable[Segment], into: dict[float, int] | None = None) -> defaultdict[float, int]:
@@ -271,6 +275,29 @@ def _steps(deltas: dict[float, int], period: float) -> list[Segment]:
     return steps
 
 
+def _breakpoints(deltas: dict[float, int], period: float) -> tuple[list[float], set[float]]:
+    """Where a step function of these changes may change level (``_steps``'s), sorted, and as a set."""
+    points = {0.0, period, *deltas}
+    return sorted(points), points
+
+
+def _merged_load(points: tuple[list[float], set[float]], base: dict[float, int], extra: dict[float, int],
+                 period: float, capacity: int) -> Load:
+    """``_load(_steps(base + extra, period), capacity)``, ``base``'s breakpoints given
+    (``_breakpoints``) and ``extra``'s (a few) merged in."""
+    order, known = points
+    new = [t for t in extra if t not in known]
+    if new:
+        order = sorted(order + new)  # a sorted run and a short tail: a linear merge
+    overflow, peak, level = 0.0, 0, 0
+    for t0, t1 in pairwise(order):
+        level += base.get(t0, 0) + extra.get(t0, 0)
+        if t0 < t1 <= period:
+            overflow += (t1 - t0) * max(0, level - capacity)
+            peak = max(peak, level)
+    return Load(overflow, peak)
+
+
 def _add_deltas(segments: Iterable[Segment], deltas: defaultdict[float, int]) -> None:
     for start, end, devices in segments:
         if end > start:
@@ -289,16 +316,24 @@ def _load(levels: Iterable[Segment], capacity: int) -> Load:
 def _fit_period(intervals: Iterable[Interval], period_s: float | None, horizon_s: float) -> tuple[Interval, ...]:
     """Lay a job's intervals (in its own period) onto a horizon period (module docstring: periods
     that differ). Offsets come back in [0, horizon_s)."""
-    intervals = tuple(intervals)
+    raw = [(iv.offset_s, iv.duration_s, iv.devices) for iv in intervals]
+    return tuple(Interval(*piece) for piece in _fit_pieces(raw, period_s, horizon_s))
+
+
+Piece = tuple[float, float, int]  # an interval as (offset, duration, devices), already checked
+
+
+def _fit_pieces(pieces: list[Piece], period_s: float | None, horizon_s: float) -> list[Piece]:
+    """``_fit_period`` on pieces (no Interval made: ``Candidate.loads`` lays a job many times)."""
     if period_s is None or math.isclose(period_s, horizon_s, rel_tol=1e-9):
-        return tuple(Interval(_wrap(iv.offset_s, horizon_s), iv.duration_s, iv.devices) for iv in intervals)
+        return [(_wrap(offset, horizon_s), duration, devices) for offset, duration, devices in pieces]
     _require(math.isfinite(period_s) and period_s > 0, f"a job's period must be > 0, got {period_s}")
     repeats = max(1, round(horizon_s / period_s))
     _require(repeats <= MAX_REPEATS, f"period {period_s} s repeats {repeats} times in a {horizon_s} s horizon")
     every = horizon_s / repeats
     scale = every / period_s
-    return tuple(Interval(_wrap(iv.offset_s * scale + k * every, horizon_s), iv.duration_s * scale, iv.devices)
-                 for k in range(repeats) for iv in intervals)
+    return [(_wrap(offset * scale + k * every, horizon_s), duration * scale, devices)
+            for k in range(repeats) for offset, duration, devices in pieces]
 
 
 @dataclass(frozen=True)
@@ -589,31 +624,39 @@ class Candidate:
         return Candidate(self.group, horizons, self.wpgs, self.base_models)
 
     def loads(self, demand: JobDemand, offsets: Sequence[float]) -> list[Load]:
-        """``[self.place(demand, offset).load() for offset in offsets]``, the other jobs' demand
-        summed once rather than laid again for every offset (the same numbers: demands are whole
-        devices, so the sums do not depend on their order)."""
-        pools = []
+        """``[self.place(demand, offset).load() for offset in offsets]``, the same numbers, faster:
+        the other jobs' demand is summed and its breakpoints sorted once, and at each offset only
+        the job's own few breakpoints are merged in (demands are whole devices, so the sums do not
+        depend on their order, and the steps are summed in the same order)."""
+        pools = []  # (the job's pieces at offset 0, horizon, the others' deltas, their breakpoints)
+        everything: defaultdict[float, int] = defaultdict(int)
         for kinds, h in self._pools():
             if demand.job in h.jobs:
                 h = h.remove(demand.job)
-            pools.append((kinds, h, _deltas(h.segments())))
-        everything: defaultdict[float, int] = defaultdict(int)
-        for _, _, deltas in pools:
+            deltas = _deltas(h.segments())
             for t, devices in deltas.items():
                 everything[t] += devices
+            pieces = [(p.offset_s, p.duration_s, p.devices) for p in demand.phases if p.kind in kinds]
+            pools.append((pieces, h, deltas, _breakpoints(deltas, h.period_s)))
         period = pools[0][1].period_s
+        all_points = _breakpoints(everything, period)
+        none: dict[float, int] = {}
+        alone = [_merged_load(points, deltas, none, h.period_s, h.capacity).overflow
+                 for _, h, deltas, points in pools]  # a pool's overflow without the job
         out = []
         for offset in offsets:
             overflow = 0.0
-            total = defaultdict(int, everything)
-            for kinds, h, deltas in pools:
-                intervals = demand.intervals(offset, kinds)
-                if intervals:
-                    mine = list(_segments(_fit_period(intervals, demand.period_s, h.period_s), h.period_s))
-                    deltas = _deltas(mine, deltas)
-                    _add_deltas(mine, total)
-                overflow += _load(_steps(deltas, h.period_s), h.capacity).overflow
-            out.append(Load(overflow, _load(_steps(total, period), 0).peak))
+            total: defaultdict[float, int] = defaultdict(int)
+            for i, (pieces, h, deltas, points) in enumerate(pools):
+                if not pieces:
+                    overflow += alone[i]
+                    continue
+                laid = _fit_pieces([(offset + o, d, n) for o, d, n in pieces], demand.period_s, h.period_s)
+                mine = _deltas(_piece_segments(laid, h.period_s))
+                for t, devices in mine.items():
+                    total[t] += devices
+                overflow += _merged_load(points, deltas, mine, h.period_s, h.capacity).overflow
+            out.append(Load(overflow, _merged_load(all_points, everything, total, period, 0).peak))
         return out
 
     def load(self) -> Load:

@@ -48,7 +48,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -242,10 +242,11 @@ class Pool:
     train: list[PoolWpg]
 
 
-class CallSpec(NamedTuple):
+@dataclass(slots=True)
+class CallSpec:
     """One call a job makes: ``target`` "train", "rollout" (its ``replica``-th rollout WPG) or
-    "sync" (its train WPG and every rollout WPG it uses, at once). A named tuple: every step of
-    every job makes its own."""
+    "sync" (its train WPG and every rollout WPG it uses, at once). Slotted: every step of every
+    job makes its own (not to be changed once made)."""
 
     fn: str
     target: str
@@ -384,7 +385,8 @@ class PoolSimulation:
         self.order = itertools.count(1)  # ties in time: first pushed, first out
         self.queue: deque[SimJob] = deque()
         self.running: dict[str, _Running] = {}
-        self.calls: dict[tuple[str, int], tuple[_Running, float, float]] = {}  # (pool, call id) -> job, exec, setup
+        # per pool: its submitted calls not yet started, id -> (job, execution seconds)
+        self.calls: dict[str, dict[int, tuple[_Running, float]]] = {p.name: {} for p in pools}
         self.usage: list[UsageRecord] = []
         self.busy = Busy()
         self.start: dict[str, float] = {}
@@ -431,8 +433,7 @@ class PoolSimulation:
             self.queue.append(data)
             return self.admit(now)
         if kind == "done":
-            pool, call_id = data
-            r, exec_s, setup = self.calls.pop((pool.name, call_id))
+            pool, call_id, r, exec_s, setup = data
             for rec in pool.scheduler.complete(call_id, now, exec_s=exec_s, setup_s=setup):
                 self.usage.append(rec)
                 self.switch_ds += rec.setup_s * rec.devices  # billed to the job as part of its call
@@ -514,10 +515,11 @@ class PoolSimulation:
         if isinstance(stage, float):
             self.push(now + stage, "host", r)
             return []
+        submitted = self.calls[r.pool.name]
         for i, spec in enumerate(stage):
             wpgs = self.call_wpgs(r, spec)
             call = r.pool.scheduler.submit(r.job.id, spec.role, spec.fn, wpgs, now, stream=_stream(i))
-            self.calls[(r.pool.name, call.id)] = (r, spec.seconds, 0.0)
+            submitted[call.id] = (r, spec.seconds)
             r.outstanding += 1
         return [r.pool]
 
@@ -547,16 +549,16 @@ class PoolSimulation:
 
     def decide(self, pool: Pool, now: float) -> None:
         sched = pool.scheduler
+        waiting = self.calls[pool.name]
         for d in sched.decide(now):
             if not isinstance(d, Dispatch):
                 self.hint(d, now)
                 continue
-            r, exec_s, _ = self.calls[(pool.name, d.call.id)]
+            r, exec_s = waiting.pop(d.call.id)
             # the WPGs swap in parallel; the call holds all of its WPGs through the slowest swap
             setup = max(self.swap_s(sched, d, g, now) for g in d.switches) if d.switches else 0.0
             self.switches += len(d.switches)
-            self.calls[(pool.name, d.call.id)] = (r, exec_s, setup)
-            self.push(now + setup + exec_s, "done", (pool, d.call.id))
+            self.push(now + setup + exec_s, "done", (pool, d.call.id, r, exec_s, setup))
         wake = sched.next_wakeup(now) if sched.not_before else None
         if wake is not None and self.wakeups.get(pool.name) != wake:
             self.wakeups[pool.name] = wake

