@@ -636,25 +636,19 @@ class Placer:
         releasing its own; the other sides stay. None if no side can move."""
         placed = job.where
         domain = self.domains[placed.domain]
-        names = [s.name for s in own]  # rollout replicas in order, then the train WPG
-        used = set(names)
-        moved = False
+        before = [s.name for s in own]  # rollout replicas in order, then the train WPG
+        names = list(before)
         for i, slot in enumerate(own):
             if len(slot.jobs) != 1:
                 continue
-            kind = slot.kind
-            target = next((name for load, name in self._room(domain, job, kind, job.demand.of(kind), pack=True)
-                           if name not in used and load > 0), None)
-            if target is None:
-                continue
-            names[i] = target
-            used.add(target)
-            moved = True
-        if not moved:
+            room = self._room(domain, job, slot.kind, job.demand.of(slot.kind), pack=True)
+            target = next((name for load, name in room if name not in names and load > 0), None)
+            if target is not None:
+                names[i] = target
+        if names == before:
             return None
-        loads = [self.slots[n].load - self.slots[n].jobs.get(job.name, 0.0)
-                 + job.demand.of(self.slots[n].kind) for n in names]
-        option = _Option(domain.name, tuple(names[:-1]), names[-1], (), max(loads), sum(loads) / len(loads))
+        # peak and fill rank options; this one is not ranked, and _apply reads only where it goes
+        option = _Option(domain.name, tuple(names[:-1]), names[-1], (), peak=0.0, fill=0.0)
         return self._apply(job, option, job.demand)
 
     def _spread_out(self, job: _Job) -> Placement | None:

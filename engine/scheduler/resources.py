@@ -226,6 +226,7 @@ class Load:
 
 
 Segment = tuple[float, float, int]  # [start, end) within [0, period), devices
+Piece = tuple[float, float, int]  # an interval as (offset, duration, devices), already checked
 
 
 def _wrap(t: float, period: float) -> float:
@@ -238,7 +239,7 @@ def _segments(intervals: Iterable[Interval], period: float) -> Iterator[Segment]
     return _piece_segments(((iv.offset_s, iv.duration_s, iv.devices) for iv in intervals), period)
 
 
-def _piece_segments(pieces: Iterable[tuple[float, float, int]], period: float) -> Iterator[Segment]:
+def _piece_segments(pieces: Iterable[Piece], period: float) -> Iterator[Segment]:
     for offset, duration, devices in pieces:
         whole, rest = divmod(duration, period)
         if whole:
@@ -284,7 +285,9 @@ def _breakpoints(deltas: dict[float, int], period: float) -> tuple[list[float], 
 def _merged_load(points: tuple[list[float], set[float]], base: dict[float, int], extra: dict[float, int],
                  period: float, capacity: int) -> Load:
     """``_load(_steps(base + extra, period), capacity)``, ``base``'s breakpoints given
-    (``_breakpoints``) and ``extra``'s (a few) merged in."""
+    (``_breakpoints``) and ``extra``'s (a few) merged in. The walk is ``_steps``'s and ``_load``'s
+    in one loop, not a generator fed to ``_load``: micro-shift runs it 20 times a placement, and
+    through a generator a compiled paper-math mode took 28.6-30.1 s against 27.2-28.2 s."""
     order, known = points
     new = [t for t in extra if t not in known]
     if new:
@@ -318,9 +321,6 @@ def _fit_period(intervals: Iterable[Interval], period_s: float | None, horizon_s
     that differ). Offsets come back in [0, horizon_s)."""
     raw = [(iv.offset_s, iv.duration_s, iv.devices) for iv in intervals]
     return tuple(Interval(*piece) for piece in _fit_pieces(raw, period_s, horizon_s))
-
-
-Piece = tuple[float, float, int]  # an interval as (offset, duration, devices), already checked
 
 
 def _fit_pieces(pieces: list[Piece], period_s: float | None, horizon_s: float) -> list[Piece]:
