@@ -97,6 +97,13 @@ class Backend(ABC):
         self.rank, self.world_size, self.data_dir = rank, world_size, Path(data_dir)
         self.dist_url = dist_url  # rendezvous of the group's ranks (``tcp://host:port``); None: one rank
 
+    def warm(self) -> None:
+        """Load what every ``create`` needs (libraries a rank imports on first use), while its group
+        starts: the start-up then holds the cost once, and no job's first call holds a shared group
+        for it (a job's ``create`` takes as long on a new group as on one that served others).
+        Nothing to load by default."""
+        return None
+
     @abstractmethod
     def create(
         self,

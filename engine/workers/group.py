@@ -117,6 +117,7 @@ class WorkerRank:
         # dist_url only where there is one, so single-rank backends need not know the argument
         extra = {} if dist_url is None else {"dist_url": dist_url}
         self.backend = backend_class(kind)(rank=rank, world_size=world_size, data_dir=Path(data_dir), **extra)
+        self.backend.warm()  # part of the group's start-up, not of its first job's create
         self.swapping = swapping
         self.lru: collections.OrderedDict[tuple, None] = collections.OrderedDict()
         self.swaps = {"in": 0, "out": 0, "in_bytes": 0, "out_bytes": 0, "in_seconds": 0.0, "out_seconds": 0.0,

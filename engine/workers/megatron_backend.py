@@ -189,6 +189,10 @@ class MegatronBackend(TrainingBackend):
         self.device = _init_parallel(rank, world_size, dist_url)
         self.states: dict[Deployment, _State] = {}
 
+    def warm(self):
+        from megatron.core.models.gpt import GPTModel  # noqa: F401  (seconds, the first time in a process)
+        from transformers import AutoConfig  # noqa: F401
+
     # -- residency ---------------------------------------------------------------------------
     def create(self, deployment, model_dir, *, trainable, optimizer, side=""):
         """Facts: ``params`` of the whole (logical) model, ``bytes`` of this rank's parameters."""

@@ -60,6 +60,9 @@ class TorchBackend(TrainingBackend):
         self.states: dict[Deployment, _State] = {}
         self.device = worker_device(rank)
 
+    def warm(self):
+        from transformers import AutoModelForCausalLM  # noqa: F401  (seconds, the first time in a process)
+
     # -- residency ---------------------------------------------------------------------------
     def create(self, deployment, model_dir, *, trainable, optimizer, side=""):
         """``side`` "rollout": the sampling side of a deployment trained on another group; its
