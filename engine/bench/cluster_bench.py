@@ -17,10 +17,12 @@ and torch or vLLM rollout (``--rollout``), small GRPO steps.
 
 Device-seconds are what the groups held, idle time included (the service's
 ``held_device_seconds``); makespan runs from the first submission to the last job's end. Per job:
-its node groups, seconds queued, its wall time shared over dedicated (slowdown), and whether its
-metrics are identical in both runs. A device slot here is not a core: the nodes' slots share this
-machine's CPUs, so makespans say little about a cluster of real devices (the device-seconds do).
-Nothing is asserted.
+its node groups, when its submission was sent (``submitted_s``: a submission the engine admits
+returns once the job's groups are formed), seconds queued, its wall time shared over dedicated (slowdown),
+whether its metrics are identical in both runs, and its calls per function in each run (``calls``,
+the dedicated run's, which ``plexrl sim --from-bench`` replays; ``shared_calls``).
+A device slot here is not a core: the nodes' slots share this machine's CPUs, so makespans say
+little about a cluster of real devices (the device-seconds do). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -80,7 +82,11 @@ def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
     client = EngineClient(address=address, data_dir=root, config=config, timeout_s=300)
     try:
         started = time.time()
+        # job -> when its submission was sent, seconds after the first one's (a submission returns once
+        # the job is admitted, its groups formed: the next one is sent only then)
+        submitted: dict[str, float] = {}
         for name, spec in shapes:
+            submitted[name] = time.time() - started
             client.submit_job(name, spec)
         events: dict[str, list[dict]] = {name: [] for name, _ in shapes}
         wpgs: dict[str, str] = {}
@@ -104,6 +110,7 @@ def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
         # a last look: groups released as the last job ended stop counting then
         held = client.cluster_snapshot()["held_device_seconds"]
         return {"events": events, "held_device_seconds": held, "makespan_s": last - started, "wpgs": wpgs,
+                "submitted_s": submitted,
                 "group_start_s": start_s,
                 "peak_drivers": peak_drivers, "peak_engine_rss_mb": peak_rss, "peak_driver_rss_mb": peak_driver_rss}
     finally:
@@ -144,6 +151,7 @@ def _per_job(name: str, spec: JobSpec, dedicated: dict[str, Any], shared: dict[s
     used = {u["data"]["wpg"] for u in s if u["kind"] == "usage"}
     return {"job": name, "state": list(ss)[-1] if ss else None,
             "node_group": sorted({node_group.get(shared["wpgs"].get(w, ""), "?") for w in used}),
+            "submitted_s": shared["submitted_s"][name],  # after the first submission (the sim's arrival)
             "queued_s": ss.get("running", 0.0) - ss.get("queued", 0.0),
             "dedicated_queued_s": ds.get("running", 0.0) - ds.get("queued", 0.0),
             "driver_start_s": driver_start(s, ss), "dedicated_driver_start_s": driver_start(d, ds),
@@ -151,7 +159,9 @@ def _per_job(name: str, spec: JobSpec, dedicated: dict[str, Any], shared: dict[s
             "slowdown": wall["s"] / wall["d"] if wall["d"] > 0 else None,
             "identical_metrics": bool(metrics(d)) and metrics(d) == metrics(s),
             # what its dedicated run measured, for `plexrl sim --from-bench`
-            "spec": spec.to_dict(), "calls": calls_by_function([u["data"] for u in d if u["kind"] == "usage"])}
+            "spec": spec.to_dict(), "calls": calls_by_function([u["data"] for u in d if u["kind"] == "usage"]),
+            # what its shared run measured, to compare with the prediction (never read by it)
+            "shared_calls": calls_by_function([u["data"] for u in s if u["kind"] == "usage"])}
 
 
 def bench_cluster(*, nodes: int, devices_per_node: int, jobs: int, steps: int, seed: int, rollout: str = "torch",

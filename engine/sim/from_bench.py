@@ -17,12 +17,12 @@ in calls, spread evenly.
 
 A ``bench cluster`` output is replayed through the live engine's own placement: the placer with
 the policy and declared demand the engine service runs (``engine.service.placing``), on the
-bench's nodes and service config, in the cluster simulator (``ClusterSimulation``): every job
-arrives at once, groups are formed as the placer lays them, one at a time as the service forms
-them, each taking the measured median start-up time of a group (``group_start_s``); a job's
-driver starts once its groups are up, taking the measured median from admission to the driver's
-first event (``driver_start_s``); groups are released when empty; device-seconds are what the
-groups held.
+bench's nodes and service config, in the cluster simulator (``ClusterSimulation``): each job
+arrives when the bench sent its submission (``submitted_s``; all at 0 for an output without it),
+groups are formed as the placer lays them, one at a time as the service forms them, each taking
+the measured median start-up time of a group (``group_start_s``); a job's driver starts once its
+groups are up, taking the measured median from admission to the driver's first event
+(``driver_start_s``); groups are released when empty; device-seconds are what the groups held.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _per_step(total: int, steps: int, k: int) -> int:
     return total * (k + 1) // steps - total * k // steps
 
 
-def bench_job(entry: dict[str, Any], switch_s: float, cls: str = "bench") -> SimJob:
+def bench_job(entry: dict[str, Any], switch_s: float, cls: str = "bench", arrival: float = 0.0) -> SimJob:
     steps = int(entry["spec"]["steps"])
     calls = entry["calls"]
     held = sum(c["held_s"] for c in calls.values())
@@ -93,7 +93,7 @@ def bench_job(entry: dict[str, Any], switch_s: float, cls: str = "bench") -> Sim
         return out
 
     switch = {(role, kind): switch_s for role in roles for kind in ("rollout", "train")}
-    return SimJob(entry["job"], cls, 0.0, steps, 1, (0.0, 0.0), switch, stages)
+    return SimJob(entry["job"], cls, arrival, steps, 1, (0.0, 0.0), switch, stages)
 
 
 def predict(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[str, Any]:
@@ -148,15 +148,16 @@ def predict_cluster(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[st
                                         config.max_resident) for e in entries},
                        dict.fromkeys((e["job"] for e in entries), declared(config)),
                        dict.fromkeys((e["job"] for e in entries), 0.0), Policy())
+    arrival = {e["job"]: e.get("submitted_s", 0.0) for e in entries}  # as the bench submitted them
     sim = ClusterSimulation("plexrl", costs, placer, form_s=bench["group_start_s"] or 0.0,
                             driver_s=bench["driver_start_s"] or 0.0)
-    result = sim.run([bench_job(e, switch_s, cls=e["job"]) for e in entries])
+    result = sim.run([bench_job(e, switch_s, cls=e["job"], arrival=e.get("submitted_s", 0.0)) for e in entries])
     predicted = {
         "shared_device_seconds": sim.held_device_s() / SLOT_UNITS,
         "makespan_s": max(result.finish.values()),
         "peak_wpgs": sim.held_peak // units,
         "switches": result.switches,
-        "per_job_queued_s": {j: result.start[j] for j in sorted(result.start)},  # all arrive at 0
+        "per_job_queued_s": {j: result.start[j] - arrival[j] for j in sorted(result.start)},
         "per_job_wall_s": {j: result.finish[j] - result.start[j] for j in sorted(result.finish)},
     }
     measured = {"shared_device_seconds": bench["shared_device_seconds"], "makespan_s": bench["shared_makespan_s"],

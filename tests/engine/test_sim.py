@@ -437,6 +437,18 @@ def test_from_bench_replays_a_cluster_bench_through_the_live_placement():
     assert fifth["per_job_wall_s"]["job-4"] == pytest.approx(4 * 2.0 + 1.0 + 5.0 - 0.2 / 2, rel=0.05)
 
 
+def test_from_bench_replays_each_job_from_when_the_bench_submitted_it():
+    from engine.sim.from_bench import predict_any
+
+    bench = cluster_bench(0.3, jobs=1)
+    at_once = predict_any(bench)["predicted"]
+    bench["per_job"][0]["submitted_s"] = 3.0  # the bench's submissions take time too
+    later = predict_any(bench)["predicted"]
+    assert later["makespan_s"] == pytest.approx(3.0 + at_once["makespan_s"], rel=1e-9)
+    assert later["per_job_queued_s"] == {"job-0": 0.0}  # admitted as it arrived
+    assert later["shared_device_seconds"] == pytest.approx(at_once["shared_device_seconds"], rel=1e-9)
+
+
 def test_from_bench_refuses_a_cluster_bench_without_its_measurements(tmp_path, run_plexrl):
     bench = cluster_bench(0.3)
     del bench["group_start_s"]
