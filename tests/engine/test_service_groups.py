@@ -96,13 +96,16 @@ def test_shared_groups_are_released_once_idle_for_the_configured_time(ray_engine
 def test_a_kind_gets_a_second_pair_of_groups_once_its_first_is_full_and_a_job_waits_when_no_slots_are_left(
         ray_engine, plexrl_home, tiny_model_dir):
     # 0.6 of a group's time each: two jobs fill a pair (1.2 <= 1.3); a quarter of the free slots a
-    # group: two pairs fit, not three
+    # group: two pairs fit, not three. Steps enough that no job of the first pair ends before the
+    # fifth is submitted: a submission the engine admits returns once its groups are up (a group
+    # imports its backend's libraries as it starts), and the second pair forms while the first runs
     size = settled_free_slots() / 4
+    spec = dataclasses.replace(SPEC, steps=30)
     client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=size, threads=1,
                                                                      job_demand=0.6))
     jobs = [f"kind-{i}" for i in range(6)]
     try:
-        statuses = {job: client.submit_job(job, dataclasses.replace(SPEC, seed=20 + i))
+        statuses = {job: client.submit_job(job, dataclasses.replace(spec, seed=20 + i))
                     for i, job in enumerate(jobs)}
         assert [statuses[j]["active"] for j in jobs] == [True] * 4 + [False] * 2
         assert statuses["kind-4"]["position"] == 1
