@@ -151,7 +151,7 @@ def predict_cluster(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[st
     arrival = {e["job"]: e.get("submitted_s", 0.0) for e in entries}  # as the bench submitted them
     sim = ClusterSimulation("plexrl", costs, placer, form_s=bench["group_start_s"] or 0.0,
                             driver_s=bench["driver_start_s"] or 0.0)
-    result = sim.run([bench_job(e, switch_s, cls=e["job"], arrival=e.get("submitted_s", 0.0)) for e in entries])
+    result = sim.run([bench_job(e, switch_s, cls=e["job"], arrival=arrival[e["job"]]) for e in entries])
     predicted = {
         "shared_device_seconds": sim.held_device_s() / SLOT_UNITS,
         "makespan_s": max(result.finish.values()),
