@@ -27,6 +27,7 @@ import json
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -105,28 +106,60 @@ class EngineService:
         threading.Thread(target=self._watch, daemon=True).start()
 
     # -- worker groups ----------------------------------------------------------------------------
-    def _group_name(self, key: GroupKey) -> str:
-        """A name for a new group of ``key``: its kind, then a number from the second on."""
+    def _group_name(self, key: GroupKey, taken: set[str] = frozenset()) -> str:
+        """A name for a new group of ``key``: its kind, then a number from the second on (none of
+        the groups', none in ``taken``)."""
         side, kind, ranks, affinity = key
         base = f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else "") + (f"-{affinity}" if affinity else "")
-        return next(n for n in (base, *(f"{base}-{i}" for i in range(2, 10_000))) if n not in self.groups)
+        return next(n for n in (base, *(f"{base}-{i}" for i in range(2, 10_000)))
+                    if n not in self.groups and n not in taken)
 
-    def _form_group(self, key: GroupKey, node: str) -> str:
-        """A group of ``key`` on ``node`` for a placement: an idle one of that key there, else a new
-        one, after releasing idle groups there until Ray has the slots free. Holds the lock."""
-        idle = [n for n in self._idle_groups() if list(self.groups[n].nodes[:1]) == [node]]
-        same = [n for n in idle if self.group_keys[n] == key]
-        if same:
-            self.idle_since.pop(same[0], None)
-            return same[0]
-        for name in idle:
-            if ray_free_devices().get(node, float("inf")) >= self.config.devices_per_group - 1e-9:
-                break
-            self._release_group(name)
-        name = self._group_name(key)
-        self.groups[name] = self._start_group(key, name, node)
-        self.group_keys[name] = key
-        return name
+    def _form_groups(self, wanted: list[tuple[GroupKey, str]]) -> list[str]:
+        """Groups of these (key, node)s for a placement: for each, an idle one of that key there,
+        else a new one, after releasing idle groups there until Ray has the slots free. The new
+        ones start at once (each on its own node and devices: nothing orders them), so a job's
+        groups are up after the slowest start-up, not after the sum. Holds the lock."""
+        names: list[str] = []
+        fresh: list[tuple[str, GroupKey, str]] = []  # (name, key, node) to start
+        for key, node in wanted:
+            idle = [n for n in self._idle_groups() if list(self.groups[n].nodes[:1]) == [node] and n not in names]
+            same = [n for n in idle if self.group_keys[n] == key]
+            if same:
+                self.idle_since.pop(same[0], None)
+                names.append(same[0])
+                continue
+            need = self.config.devices_per_group * (1 + sum(1 for _, _, n in fresh if n == node))
+            for name in idle:
+                if ray_free_devices().get(node, float("inf")) >= need - 1e-9:
+                    break
+                self._release_group(name)
+            name = self._group_name(key, {n for n, _, _ in fresh})
+            fresh.append((name, key, node))
+            names.append(name)
+        started, failed = self._start_at_once(fresh)
+        for name, key, _ in fresh:
+            if name in started:  # kept even if another one failed: idle, it is reused or released
+                self.groups[name] = started[name]
+                self.group_keys[name] = key
+        if failed is not None:
+            raise failed
+        return names
+
+    def _start_at_once(self, fresh: list[tuple[str, GroupKey, str]]) -> tuple[dict[str, Any], Exception | None]:
+        """Start these (name, key, node) groups concurrently: those that started, and the first
+        failure (None if none failed)."""
+        if not fresh:
+            return {}, None
+        started: dict[str, Any] = {}
+        failed: Exception | None = None
+        with ThreadPoolExecutor(max_workers=len(fresh), thread_name_prefix="group-start") as pool:
+            futures = {pool.submit(self._start_group, key, name, node): name for name, key, node in fresh}
+            for future, name in futures.items():
+                try:
+                    started[name] = future.result()
+                except Exception as exc:
+                    failed = failed or exc
+        return started, failed
 
     def _idle_groups(self) -> list[str]:
         """Groups no running or admitted job uses, by name."""
@@ -233,10 +266,10 @@ class EngineService:
         for admitted in decided.admitted:
             names = self.job_groups[admitted.job] = []  # filled as formed: not idle, never released for the next
             try:
-                for key, ref, node in admitted.groups:
-                    if node:
-                        made[ref] = self._form_group(key, node)
-                    names.append(made.get(ref, ref))
+                fresh = [(key, node) for key, ref, node in admitted.groups if node]
+                made.update(zip([ref for _, ref, node in admitted.groups if node], self._form_groups(fresh),
+                                strict=True))
+                names += [made.get(ref, ref) for _, ref, _ in admitted.groups]
             except Exception as exc:  # a group that did not start: the job waits (the watch tries again)
                 del self.job_groups[admitted.job]
                 self.reasons[admitted.job] = f"its worker groups did not start: {fault_reason(exc)}"
@@ -431,6 +464,7 @@ class EngineService:
             for name in self.job_groups.get(job, ()) if job in self.drivers else ():
                 models.setdefault(name, set()).add(spec.model)
         keyed = [(self.group_keys[n], g) for n, g in sorted(self.groups.items())]
+        now = time.monotonic()
         return {
             "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
                         "devices": self.config.devices_per_group, "max_resident": self.config.max_resident}
@@ -440,6 +474,8 @@ class EngineService:
                       "side": side, "backend": kind, "models": sorted(models.get(g.name, ())),
                       "architectures": sorted({a for m in models.get(g.name, ()) if (a := architecture(m))}),
                       "devices": g.devices, "start_s": self.start_s.get(g.name),
+                      # held for: since it began to start (start-up included)
+                      "up_s": now - self.formed[g.name] if g.name in self.formed else None,
                       "resident_jobs": [j for j in resident.get(g.name, []) if j in self.jobs]}
                      for (side, kind, _, _), g in keyed],
             "jobs": {job: self.status(job).get("state") for job in sorted(self.drivers)},

@@ -19,8 +19,9 @@ A ``bench cluster`` output is replayed through the live engine's own placement: 
 the policy and declared demand the engine service runs (``engine.service.placing``), on the
 bench's nodes and service config, in the cluster simulator (``ClusterSimulation``): each job
 arrives when the bench sent its submission (``submitted_s``; all at 0 for an output without it),
-groups are formed as the placer lays them, one at a time as the service forms them, each taking
-the measured median start-up time of a group (``group_start_s``); a job's driver starts once its
+groups are formed as the placer lays them, a job's new groups at once and one job's after
+another's as the service forms them, taking the measured median start-up time of a group
+(``group_start_s``); a job's driver starts once its
 groups are up, taking the measured median from admission to the driver's first event
 (``driver_start_s``); groups are released when empty; device-seconds are what the groups held.
 """

@@ -579,14 +579,14 @@ class ClusterSimulation(PoolSimulation):
     pace, its profile, a micro-shift). Prefetch hints overlap a swap with the WPG's running call;
     a train state's write-back overlaps what follows (write-behind), so a switch costs its read.
 
-    As the live service (``plexrl sim --from-bench``): ``form_s`` is a new WPG's start-up, WPGs
-    are formed one at a time, and ``driver_s`` passes from a job's admission (its WPGs up) to its
-    driver's first call."""
+    As the live service (``plexrl sim --from-bench``): ``form_s`` is a new WPG's start-up, a
+    job's new WPGs start at once, one job's after another's, and ``driver_s`` passes from a
+    job's admission (its WPGs up) to its driver's first call."""
 
     def __init__(self, mode: str, costs: ClassCosts, placer: Placer, *, sync: str = "host",
                  on_done: Callable[[], None] | None = None, form_s: float = 0.0, driver_s: float = 0.0):
         self.placer, self.sync, self.form_s, self.driver_s = placer, check_sync(sync), form_s, driver_s
-        self._forming_until = 0.0  # the live service forms WPGs one at a time: when its last one is up
+        self._forming_until = 0.0  # the live service forms one job's WPGs at a time: when its last ones are up
         domains = [Pool(d, "*", Scheduler(costs.policy), [], []) for d in placer.domains]
         super().__init__(mode, domains, admit_load=placer.policy.limit, spread=True, on_done=on_done)
         self.domain = {p.name: p for p in domains}
@@ -639,8 +639,8 @@ class ClusterSimulation(PoolSimulation):
             self.start[job.id] = now
             self._costs(r)
             ready = now
-            if self.form_s and placement.formed:  # its new WPGs start first, after those formed before
-                self._forming_until = max(now, self._forming_until) + self.form_s * len(placement.formed)
+            if self.form_s and placement.formed:  # its new WPGs start first (at once), after those formed before
+                self._forming_until = max(now, self._forming_until) + self.form_s
                 ready = self._forming_until
             ready += self.driver_s  # then its driver starts
             if ready > now:

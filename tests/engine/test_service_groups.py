@@ -93,6 +93,21 @@ def test_shared_groups_are_released_once_idle_for_the_configured_time(ray_engine
         client.shutdown()
 
 
+def test_a_jobs_new_groups_start_at_once(ray_engine, plexrl_home, tiny_model_dir):
+    # serially, a job's train group would start only once its rollout group was up: their
+    # start-ups (begin: up_s ago, for start_s) would not overlap
+    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=0.25, threads=1))
+    try:
+        assert client.submit_job("both-at-once", SPEC)["active"]
+        wpgs = client.cluster_snapshot()["wpgs"]
+        assert sorted(w["side"] for w in wpgs) == ["rollout", "train"]
+        spans = [(-w["up_s"], -w["up_s"] + w["start_s"]) for w in wpgs]  # seconds, relative to now
+        assert max(begin for begin, _ in spans) < min(end for _, end in spans), spans
+        assert states(wait_for(client, "both-at-once", finished))[-1] == "succeeded"
+    finally:
+        client.shutdown()
+
+
 def test_a_kind_gets_a_second_pair_of_groups_once_its_first_is_full_and_a_job_waits_when_no_slots_are_left(
         ray_engine, plexrl_home, tiny_model_dir):
     # 0.6 of a group's time each: two jobs fill a pair (1.2 <= 1.3); a quarter of the free slots a

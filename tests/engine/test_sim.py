@@ -427,14 +427,13 @@ def test_from_bench_replays_a_cluster_bench_through_the_live_placement():
     assert [queued[f"job-{i}"] for i in range(6)] == [0.0] * 6
     assert min(queued["job-6"], queued["job-7"]) > 5.0  # until a job of the first pairs ended
     alone = predict_any(cluster_bench(0.3, jobs=1))["predicted"]
-    # one job: its two groups start one after the other, then its driver, then its steps run as
-    # measured alone
-    assert alone["makespan_s"] == pytest.approx(2 * 2.0 + 1.0 + 5.0 - 0.2 / 2, rel=0.05)
+    # one job: its two groups start at once, then its driver, then its steps run as measured alone
+    assert alone["makespan_s"] == pytest.approx(2.0 + 1.0 + 5.0 - 0.2 / 2, rel=0.05)
     assert alone["shared_device_seconds"] == pytest.approx(2 * alone["makespan_s"], rel=1e-6)
-    # the fifth job's pair is formed once the first pair is up (the service forms one group at a
-    # time), so it starts after four group start-ups; alone on its pair, it then runs as alone
+    # the fifth job's pair is formed once the first pair is up (the service forms one job's groups
+    # at a time), so it starts after two start-ups; alone on its pair, it then runs as alone
     fifth = predict_any(cluster_bench(0.3, jobs=5))["predicted"]
-    assert fifth["per_job_wall_s"]["job-4"] == pytest.approx(4 * 2.0 + 1.0 + 5.0 - 0.2 / 2, rel=0.05)
+    assert fifth["per_job_wall_s"]["job-4"] == pytest.approx(2 * 2.0 + 1.0 + 5.0 - 0.2 / 2, rel=0.05)
 
 
 def test_from_bench_replays_each_job_from_when_the_bench_submitted_it():
