@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import shutil
 import sys
@@ -155,6 +156,14 @@ def _prepare_run(spec, out: Path):
     return spec
 
 
+def run_job_id(out: Path) -> str:
+    """The local engine's job id for a run written into ``out``: the folder's name and a digest of
+    its full path. Checkpoints live under ``PLEXRL_HOME/checkpoints/<job id>``, so two runs at once
+    into folders of the same name (``a/out``, ``b/out``) never write into each other's."""
+    digest = hashlib.sha256(str(Path(out).resolve()).encode()).hexdigest()[:8]
+    return f"{Path(out).name[:90]}-{digest}"
+
+
 def run_train(spec, out: Path) -> dict:
     """Run the job on a local engine, a progress bar on a terminal; write the run's outputs into
     ``out`` and return its summary."""
@@ -176,7 +185,7 @@ def run_train(spec, out: Path) -> dict:
 
     started = time.perf_counter()
     with LocalEngine() as engine:
-        summary = engine.run_job(out.name, spec, events_path, on_event=on_event)
+        summary = engine.run_job(run_job_id(out), spec, events_path, on_event=on_event)
     bar.close()
     summary = {**summary, "wall_seconds": time.perf_counter() - started, "out": str(out)}
     write_run_outputs(events_path, out, summary)

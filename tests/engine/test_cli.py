@@ -99,6 +99,17 @@ def test_train_is_reproducible_across_processes(train_runs):
 # --- vLLM rollout + Megatron TP=2 training: the issue's backends, same promise ----------------
 
 
+def test_runs_into_folders_of_the_same_name_get_job_ids_of_their_own(tmp_path):
+    from engine.cli.engine_commands import run_job_id
+    from engine.spec import check_job_id
+
+    a, b = tmp_path / "a" / "out", tmp_path / "b" / "out"
+    assert run_job_id(a) != run_job_id(b)  # their checkpoints go to folders of their own
+    assert run_job_id(a) == run_job_id(tmp_path / "a" / ".." / "a" / "out")  # the same folder: the same id
+    assert check_job_id(run_job_id(a)).startswith("out-")
+    assert len(run_job_id(tmp_path / ("x" * 120))) <= 100
+
+
 @pytest.fixture(scope="module")
 def split_runs(run_plexrl, tiny_model_dir, plexrl_home, tmp_path_factory) -> list:
     """The same two-step run on vLLM + Megatron TP=2, twice, in fresh processes and Ray sessions."""
