@@ -160,8 +160,8 @@ def run_job_id(out: Path) -> str:
     """The local engine's job id for a run written into ``out``: the folder's name and a digest of
     its full path. Checkpoints live under ``PLEXRL_HOME/checkpoints/<job id>``, so two runs at once
     into folders of the same name (``a/out``, ``b/out``) never write into each other's."""
-    digest = hashlib.sha256(str(Path(out).resolve()).encode()).hexdigest()[:8]
-    return f"{Path(out).name[:90]}-{digest}"
+    digest = hashlib.sha256(str(out.resolve()).encode()).hexdigest()[:8]
+    return f"{out.name[:90]}-{digest}"
 
 
 def run_train(spec, out: Path) -> dict:

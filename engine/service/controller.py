@@ -266,9 +266,9 @@ class EngineService:
         for admitted in decided.admitted:
             names = self.job_groups[admitted.job] = []  # filled as formed: not idle, never released for the next
             try:
-                fresh = [(key, node) for key, ref, node in admitted.groups if node]
-                made.update(zip([ref for _, ref, node in admitted.groups if node], self._form_groups(fresh),
-                                strict=True))
+                placed = [(ref, key, node) for key, ref, node in admitted.groups if node]  # new ones: a node each
+                formed = self._form_groups([(key, node) for _, key, node in placed])
+                made.update((ref, name) for (ref, _, _), name in zip(placed, formed, strict=True))
                 names += [made.get(ref, ref) for _, ref, _ in admitted.groups]
             except Exception as exc:  # a group that did not start: the job waits (the watch tries again)
                 del self.job_groups[admitted.job]

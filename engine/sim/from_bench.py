@@ -21,9 +21,9 @@ bench's nodes and service config, in the cluster simulator (``ClusterSimulation`
 arrives when the bench sent its submission (``submitted_s``; all at 0 for an output without it),
 groups are formed as the placer lays them, a job's new groups at once and one job's after
 another's as the service forms them, taking the measured median start-up time of a group
-(``group_start_s``); a job's driver starts once its
-groups are up, taking the measured median from admission to the driver's first event
-(``driver_start_s``); groups are released when empty; device-seconds are what the groups held.
+(``group_start_s``); a job's driver starts once its groups are up, taking the measured median
+from admission to the driver's first event (``driver_start_s``); groups are released when
+empty; device-seconds are what the groups held.
 """
 
 from __future__ import annotations
