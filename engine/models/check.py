@@ -17,13 +17,13 @@ from typing import Any
 
 from engine.errors import ModelInvalid
 from engine.state.megatron_rules import megatron_problem
+from engine.workers.backend import DECODERS
 
 # The architectures each backend runs (``config.json``'s ``architectures[0]``), each tested with a
 # tiny random model of its own: transformers' log-probs and weights back from Megatron at TP 1 and
 # 2 (tests/engine/test_megatron_backend), vLLM sampling as transformers before and after a sync
 # from Megatron TP 2 (test_weight_sync), a job through each pair end to end (tests/platform).
-_DECODERS = frozenset({"Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM"})
-BACKEND_ARCHITECTURES: dict[str, frozenset[str]] = {"torch": _DECODERS, "vllm": _DECODERS, "megatron": _DECODERS}
+BACKEND_ARCHITECTURES: dict[str, frozenset[str]] = {"torch": DECODERS, "vllm": DECODERS, "megatron": DECODERS}
 ARCHITECTURES = frozenset().union(*BACKEND_ARCHITECTURES.values())
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".joblib", ".npy", ".npz", ".h5", ".msgpack")

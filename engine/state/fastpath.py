@@ -122,6 +122,16 @@ class Connections:
             self._broken(sock)
             raise Closed(str(exc)) from exc
 
+    @property
+    def known(self) -> bool:
+        """Whether the manager was asked for its socket (since the last ``reset``)."""
+        return self._known
+
+    def open(self) -> None:
+        """Open this thread's connection now (asking the actor for the socket first, which waits
+        for a manager that is starting); ``Closed`` when there is no socket."""
+        self._connection()
+
     def _broken(self, sock: socket.socket) -> None:
         sock.close()
         self._local.sock = None

@@ -184,6 +184,21 @@ class StateClient:
         self._lock = threading.Lock()
         self.maps = HostMaps()
 
+    def connect(self) -> None:
+        """Reach the manager now and open this thread's socket to it: the node's manager starts on
+        its first use (about a second), which a group's start-up then pays instead of its first
+        job's ``create``. A manager without a socket is left to the actor path."""
+        if not self.local and self._fast.available:
+            try:
+                self._fast.open()
+            except (Closed, OSError):
+                self._fast.reset()  # the first call on a swap's path tries again
+
+    @property
+    def reached(self) -> bool:
+        """Whether the manager has answered this client (in-process: always)."""
+        return self.local or self._fast.known
+
     def call(self, method: str, *args) -> Any:
         if self.local:
             return getattr(self.manager, method)(*args)

@@ -20,6 +20,10 @@ if TYPE_CHECKING:  # torch: for backends, not for the group handles a job's driv
 
 Deployment = tuple[str, str]  # (job, role)
 
+#: The decoder architectures (``config.json``'s ``architectures[0]``) every backend runs; which
+#: model folders are accepted is decided above (``engine.models.check``) from this list.
+DECODERS = frozenset({"Qwen2ForCausalLM", "LlamaForCausalLM", "Qwen3ForCausalLM"})
+
 #: A host-tier weight sync writes about this many bytes per StateManager reservation (a round trip
 #: each), so it neither asks once per tensor nor holds a second copy of the whole model.
 PUBLISH_BATCH_BYTES = 64 << 20

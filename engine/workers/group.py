@@ -131,6 +131,7 @@ class WorkerRank:
                 return state_manager(Path(data_dir), host_budget=swapping.host_budget)
 
             self.backend.state_client = StateClient(connect, f"{wpg}:{rank}")  # accounting per rank
+            self.backend.state_client.connect()  # part of the start-up, as the backend's warm-up
 
     def create(self, deployment, model_dir: str, trainable: bool, optimizer: OptimizerConfig | None = None,
                side: str = ""):

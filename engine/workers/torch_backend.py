@@ -25,7 +25,7 @@ from engine.api import (
     SamplingParams,
 )
 from engine.state.layout import WHOLE
-from engine.workers.backend import Deployment, Residency, state_id
+from engine.workers.backend import DECODERS, Deployment, Residency, state_id
 from engine.workers.checkpoint import STEPS_KEY, checkpoint_dir, optimizer_tensors
 from engine.workers.devices import worker_device
 from engine.workers.sampling import generate, shared_prompt_logprobs
@@ -61,7 +61,17 @@ class TorchBackend(TrainingBackend):
         self.device = worker_device(rank)
 
     def warm(self):
-        from transformers import AutoModelForCausalLM  # noqa: F401  (seconds, the first time in a process)
+        """Besides transformers' import (seconds, the first time in a process), a model of each
+        architecture built once, a tiny one: the first model a process builds costs a few tenths
+        of a second more than the next (each architecture's module, its first initialisers)."""
+        import transformers
+        from transformers import AutoModelForCausalLM
+
+        for architecture in sorted(DECODERS):
+            config = getattr(transformers, architecture).config_class(
+                vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, max_position_embeddings=16)
+            AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
     # -- residency ---------------------------------------------------------------------------
     def create(self, deployment, model_dir, *, trainable, optimizer, side=""):
