@@ -20,9 +20,11 @@ Device-seconds are what the groups held, idle time included (the service's
 its node groups, when its submission was sent (``submitted_s``: a submission the engine admits
 returns once the job's groups are formed), seconds queued, its wall time shared over dedicated (slowdown),
 whether its metrics are identical in both runs, and its calls per function in each run (``calls``,
-the dedicated run's, which ``plexrl sim --from-bench`` replays; ``shared_calls``).
-A device slot here is not a core: the nodes' slots share this machine's CPUs, so makespans say
-little about a cluster of real devices (the device-seconds do). Nothing is asserted.
+the dedicated run's, which ``plexrl sim --from-bench`` replays; ``shared_calls``), and when in the
+dedicated run it was placed and ran (``dedicated_placed_s``, ``dedicated_span_s``).
+A device slot here is not a core: the nodes' slots share this machine's CPUs (``host_cpus``, which
+``--from-bench`` shares in its simulation), so makespans say little about a cluster of real
+devices (the device-seconds do). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -109,7 +111,8 @@ def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
         last = max(e["ts"] for evs in events.values() for e in evs if e["kind"] == "state")
         # a last look: groups released as the last job ended stop counting then
         held = client.cluster_snapshot()["held_device_seconds"]
-        return {"events": events, "held_device_seconds": held, "makespan_s": last - started, "wpgs": wpgs,
+        return {"events": events, "held_device_seconds": held, "started": started, "makespan_s": last - started,
+                "wpgs": wpgs,
                 "submitted_s": submitted,
                 "group_start_s": start_s,
                 "peak_drivers": peak_drivers, "peak_engine_rss_mb": peak_rss, "peak_driver_rss_mb": peak_driver_rss}
@@ -135,17 +138,22 @@ def _per_job(name: str, spec: JobSpec, dedicated: dict[str, Any], shared: dict[s
     def states(events: list[dict]) -> dict[str, float]:
         return {e["data"]["state"]: e["ts"] for e in events if e["kind"] == "state"}
 
+    def placed(events: list[dict]) -> float | None:
+        """When the job was admitted (its groups formed)."""
+        return next((e["ts"] for e in events if e["kind"] == "placed"), None)
+
     def driver_start(events: list[dict], at: dict[str, float]) -> float | None:
-        """From the job's admission (its groups formed: ``placed``) to its driver's first event."""
-        placed = next((e["ts"] for e in events if e["kind"] == "placed"), None)
-        return at["running"] - placed if placed is not None and "running" in at else None
+        """From the job's admission to its driver's first event."""
+        admitted = placed(events)
+        return at["running"] - admitted if admitted is not None and "running" in at else None
 
     def metrics(events: list[dict]) -> list[dict]:
         return [e["data"] for e in events if e["kind"] == "metrics"]
 
     d, s = dedicated["events"][name], shared["events"][name]
     ds, ss = states(d), states(s)
-    wall = {k: v.get("succeeded", v.get("failed", 0.0)) - v.get("running", 0.0) for k, v in (("d", ds), ("s", ss))}
+    end = {k: v.get("succeeded", v.get("failed", 0.0)) for k, v in (("d", ds), ("s", ss))}
+    wall = {k: end[k] - v.get("running", 0.0) for k, v in (("d", ds), ("s", ss))}
     from engine.bench.mux import calls_by_function
 
     used = {u["data"]["wpg"] for u in s if u["kind"] == "usage"}
@@ -156,6 +164,10 @@ def _per_job(name: str, spec: JobSpec, dedicated: dict[str, Any], shared: dict[s
             "dedicated_queued_s": ds.get("running", 0.0) - ds.get("queued", 0.0),
             "driver_start_s": driver_start(s, ss), "dedicated_driver_start_s": driver_start(d, ds),
             "dedicated_wall_s": wall["d"], "shared_wall_s": wall["s"],
+            # in the dedicated run, seconds after its start: when its groups were up, and from its
+            # driver's start to its end (what ran beside what, sharing this machine's ``host_cpus``)
+            "dedicated_placed_s": None if placed(d) is None else placed(d) - dedicated["started"],
+            "dedicated_span_s": [ds.get("running", 0.0) - dedicated["started"], end["d"] - dedicated["started"]],
             "slowdown": wall["s"] / wall["d"] if wall["d"] > 0 else None,
             "identical_metrics": bool(metrics(d)) and metrics(d) == metrics(s),
             # what its dedicated run measured, for `plexrl sim --from-bench`
@@ -211,6 +223,8 @@ def bench_cluster(*, nodes: int, devices_per_node: int, jobs: int, steps: int, s
                  for w, node in sorted(shared["wpgs"].items())],
         "dedicated_wpgs": len(dedicated["wpgs"]),
         "jobs": jobs, "steps": steps, "seed": seed, "rollout": rollout,
+        # the CPUs every node's device slots and drivers share here (``plexrl sim --from-bench``)
+        "host_cpus": len(os.sched_getaffinity(0)),
         "dedicated_device_seconds": dedicated["held_device_seconds"],
         "shared_device_seconds": shared["held_device_seconds"],
         "device_seconds_ratio": shared["held_device_seconds"] / dedicated["held_device_seconds"],

@@ -166,4 +166,6 @@ def _from_bench(args: argparse.Namespace) -> int:
     print(f"{'':<24}{'predicted':>12}{'measured':>12}{'error':>9}")
     for key in ("shared_device_seconds", "makespan_s"):
         print(f"{key:<24}{p[key]:>12.1f}{m[key]:>12.1f}{100 * e[key]:>8.1f}%")
+    if result.get("host_cpus"):
+        print(f"(every node's groups and drivers sharing the bench machine's {result['host_cpus']} CPUs)")
     return 0

@@ -24,12 +24,21 @@ another's as the service forms them, taking the measured median start-up time of
 (``group_start_s``); a job's driver starts once its groups are up, taking the measured median
 from admission to the driver's first event (``driver_start_s``); groups are released when
 empty; device-seconds are what the groups held.
+
+The bench's device slots are not devices: every node's groups and drivers share the machine's
+``host_cpus``. Where the output says how many, the simulation shares them too: each running call,
+host stage and driver start-up wants a CPU, and each group while it starts; what starts while more
+are wanted than there are takes its time times wanted / CPUs. The dedicated run's measurements
+are first brought back to what they take with the CPUs to themselves, by the share they had
+there (``alone``: from each job's placement, driver start and end in that run).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +54,14 @@ def _per_step(total: int, steps: int, k: int) -> int:
     return total * (k + 1) // steps - total * k // steps
 
 
-def bench_job(entry: dict[str, Any], switch_s: float, cls: str = "bench", arrival: float = 0.0) -> SimJob:
+def bench_job(entry: dict[str, Any], switch_s: float, cls: str = "bench", arrival: float = 0.0,
+              scale: float = 1.0) -> SimJob:
+    """``entry``'s dedicated run as stages (see the module's docstring), each time times ``scale``."""
     steps = int(entry["spec"]["steps"])
     calls = entry["calls"]
     held = sum(c["held_s"] for c in calls.values())
-    host = max(0.0, entry["dedicated_wall_s"] - held) / steps
-    mean = {key: c["held_s"] / c["count"] for key, c in calls.items() if c["count"]}
+    host = scale * max(0.0, entry["dedicated_wall_s"] - held) / steps
+    mean = {key: scale * c["held_s"] / c["count"] for key, c in calls.items() if c["count"]}
 
     def split(key: str) -> tuple[str, str]:
         role, fn = key.split("/", 1)
@@ -95,6 +106,53 @@ def bench_job(entry: dict[str, Any], switch_s: float, cls: str = "bench", arriva
 
     switch = {(role, kind): switch_s for role in roles for kind in ("rollout", "train")}
     return SimJob(entry["job"], cls, arrival, steps, 1, (0.0, 0.0), switch, stages)
+
+
+def cpu_shares(activities: list[tuple[float, float, int]], cpus: float) -> list[float]:
+    """Each activity's (start, end, CPUs it wants) mean share of what it wants over its span, the
+    activities overlapping it wanting theirs (at most 1: an activity alone has its CPUs)."""
+    edges = sorted({t for a, b, _ in activities for t in (a, b)})
+    wanted = [(lo, hi, sum(w for a, b, w in activities if a <= lo and b >= hi)) for lo, hi in itertools.pairwise(edges)]
+    shares = []
+    for start, end, _ in activities:
+        had = sum((min(hi, end) - max(lo, start)) * min(1.0, cpus / n) for lo, hi, n in wanted
+                  if min(hi, end) > max(lo, start))
+        shares.append(had / (end - start) if end > start else 1.0)
+    return shares
+
+
+def leave_s(bench: dict[str, Any], groups: dict[str, int], devices: float) -> float:
+    """Seconds a dedicated group was held beyond its start-up (the median) and its job's time
+    from its placement to its end, on average: until the service noticed the job's end and
+    released its ``groups`` (of ``devices`` each)."""
+    start = bench["group_start_s"] or 0.0
+    explained = sum(groups[e["job"]] * devices * (start + e["dedicated_span_s"][1] - e["dedicated_placed_s"])
+                    for e in bench["per_job"])
+    return max(0.0, (bench["dedicated_device_seconds"] - explained) / (devices * sum(groups.values())))
+
+
+def alone(bench: dict[str, Any], groups: dict[str, int]) -> tuple[dict[str, float], float, float]:
+    """What the dedicated run measured brought back to what it takes with CPUs to itself: per job
+    the factor of its times (its share over its run, from its driver's start to its end), and a
+    group's start-up and a driver's (their measured medians times the median share they had).
+    While a job's ``groups`` start (from its placement less a start-up) each wants a CPU; then its
+    driver, until it runs; then the job, until its end."""
+    cpus, entries = bench["host_cpus"], bench["per_job"]
+    form_s, driver_s = bench["group_start_s"] or 0.0, bench["driver_start_s"] or 0.0
+    activities, what = [], []
+    for e in entries:
+        running, end = e["dedicated_span_s"]
+        placed = e["dedicated_placed_s"]
+        for kind, span in (("form", (placed - form_s, placed, groups[e["job"]])), ("driver", (placed, running, 1)),
+                           ("run", (running, end, 1))):
+            activities.append(span)
+            what.append((kind, e["job"]))
+    shares = cpu_shares(activities, cpus)
+    by_kind: dict[str, list[float]] = {}
+    for (kind, _), share in zip(what, shares, strict=True):
+        by_kind.setdefault(kind, []).append(share)
+    scale = {job: share for (kind, job), share in zip(what, shares, strict=True) if kind == "run"}
+    return scale, form_s * statistics.median(by_kind["form"]), driver_s * statistics.median(by_kind["driver"])
 
 
 def predict(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[str, Any]:
@@ -150,9 +208,15 @@ def predict_cluster(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[st
                        dict.fromkeys((e["job"] for e in entries), declared(config)),
                        dict.fromkeys((e["job"] for e in entries), 0.0), Policy())
     arrival = {e["job"]: e.get("submitted_s", 0.0) for e in entries}  # as the bench submitted them
-    sim = ClusterSimulation("plexrl", costs, placer, form_s=bench["group_start_s"] or 0.0,
-                            driver_s=bench["driver_start_s"] or 0.0)
-    result = sim.run([bench_job(e, switch_s, cls=e["job"], arrival=arrival[e["job"]]) for e in entries])
+    form_s, driver_s, scale, leave = bench["group_start_s"] or 0.0, bench["driver_start_s"] or 0.0, {}, 0.0
+    cpus = bench.get("host_cpus") if all(e.get("dedicated_placed_s") is not None for e in entries) else None
+    if cpus:  # a bench output that says when each dedicated job was placed, ran and ended
+        groups = {e["job"]: len(group_keys(e["job"], JobSpec.from_dict(e["spec"]))) for e in entries}
+        leave = leave_s(bench, groups, config.devices_per_group)
+        scale, form_s, driver_s = alone(bench, groups)
+    sim = ClusterSimulation("plexrl", costs, placer, form_s=form_s, driver_s=driver_s, cpus=cpus, leave_s=leave)
+    result = sim.run([bench_job(e, switch_s, cls=e["job"], arrival=arrival[e["job"]], scale=scale.get(e["job"], 1.0))
+                      for e in entries])
     predicted = {
         "shared_device_seconds": sim.held_device_s() / SLOT_UNITS,
         "makespan_s": max(result.finish.values()),
@@ -168,8 +232,12 @@ def predict_cluster(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[st
         "measured": measured,
         "error": {k: predicted[k] / measured[k] - 1 for k in ("shared_device_seconds", "makespan_s")},
         "switch_s": switch_s,
+        "host_cpus": cpus,  # None: the CPUs were not shared in the simulation (an older bench output)
         "group_start_s": bench["group_start_s"],
         "driver_start_s": bench["driver_start_s"],
+        # with host_cpus: a start-up as the simulation takes it, with the CPUs to itself
+        "group_start_alone_s": form_s, "driver_start_alone_s": driver_s,
+        "leave_s": leave,  # from a job's end to its groups' release, as the dedicated run held them
         "jobs": len(entries),
     }
 

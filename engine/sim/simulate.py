@@ -375,8 +375,14 @@ class PoolSimulation:
     queue, the running jobs' stages, and each pool's scheduler core deciding its WPGs' calls."""
 
     def __init__(self, mode: str, pools: list[Pool], *, admit_load: float, spread: bool,
-                 on_done: Callable[[], None] | None):
+                 on_done: Callable[[], None] | None, cpus: float | None = None):
         self.mode, self.admit_load, self.spread, self.on_done = mode, admit_load, spread, on_done
+        # None: a call or host stage takes its given seconds. Else the CPUs every WPG's calls and
+        # every driver's host work share (a machine whose device slots are not devices of their
+        # own): each running call and host stage wants one, and one that starts while more want
+        # them than there are takes its seconds times wanted / cpus
+        self.cpus: float = cpus or 0.0  # 0: not shared
+        self.cpu_wanted = 0
         self.by_class: dict[str, list[Pool]] = defaultdict(list)
         for pool in pools:
             self.by_class[pool.cls].append(pool)
@@ -434,6 +440,8 @@ class PoolSimulation:
             return self.admit(now)
         if kind == "done":
             pool, call_id, r, exec_s, setup = data
+            if self.cpus:
+                self.cpu_wanted -= 1
             for rec in pool.scheduler.complete(call_id, now, exec_s=exec_s, setup_s=setup):
                 self.usage.append(rec)
                 self.switch_ds += rec.setup_s * rec.devices  # billed to the job as part of its call
@@ -444,6 +452,8 @@ class PoolSimulation:
                 touched += self.next_stage(r, now)
             return touched
         if kind == "host":
+            if self.cpus:
+                self.cpu_wanted -= 1
             return self.next_stage(data, now)
         return [data]  # "wake": the pool's scheduler asked to decide again now
 
@@ -513,7 +523,7 @@ class PoolSimulation:
             return [r.pool]
         stage = r.stages[r.stage]
         if isinstance(stage, float):
-            self.push(now + stage, "host", r)
+            self.push(now + (self._shared_cpu(stage) if self.cpus else stage), "host", r)
             return []
         submitted = self.calls[r.pool.name]
         for i, spec in enumerate(stage):
@@ -532,13 +542,17 @@ class PoolSimulation:
         return (r.train, *r.rollout)
 
     def end_job(self, r: _Running, now: float) -> list[Pool]:
-        self.leave(r, now)
         r.pool.scheduler.forget(r.job.id)
         del self.running[r.job.id]
         self.finish[r.job.id] = now
         if self.on_done:
             self.on_done()
-        return [r.pool, *self.admit(now)]
+        return [r.pool, *self.left(r, now)]
+
+    def left(self, r: _Running, now: float) -> list[Pool]:
+        """The ended job leaves its WPGs; returns the pools of the jobs admitted then."""
+        self.leave(r, now)
+        return self.admit(now)
 
     def leave(self, r: _Running, now: float) -> None:
         """The ended job's load leaves its pool's WPGs."""
@@ -555,6 +569,8 @@ class PoolSimulation:
                 self.hint(d, now)
                 continue
             r, exec_s = waiting.pop(d.call.id)
+            if self.cpus:
+                exec_s = self._shared_cpu(exec_s)
             # the WPGs swap in parallel; the call holds all of its WPGs through the slowest swap
             setup = max(self.swap_s(sched, d, g, now) for g in d.switches) if d.switches else 0.0
             self.switches += len(d.switches)
@@ -563,6 +579,11 @@ class PoolSimulation:
         if wake is not None and self.wakeups.get(pool.name) != wake:
             self.wakeups[pool.name] = wake
             self.push(wake, "wake", pool)
+
+    def _shared_cpu(self, seconds: float, wants: int = 1) -> float:
+        """``seconds`` of what starts now wanting ``wants`` CPUs, on the CPUs it shares (see ``cpus``)."""
+        self.cpu_wanted += wants
+        return seconds * max(1.0, self.cpu_wanted / self.cpus)
 
     def hint(self, hint: Prefetch, now: float) -> None:
         """A prefetch hint: fixed pools charge every swap in full at dispatch (none overlapped)."""
@@ -580,15 +601,21 @@ class ClusterSimulation(PoolSimulation):
     a train state's write-back overlaps what follows (write-behind), so a switch costs its read.
 
     As the live service (``plexrl sim --from-bench``): ``form_s`` is a new WPG's start-up, a
-    job's new WPGs start at once, one job's after another's, and ``driver_s`` passes from a
-    job's admission (its WPGs up) to its driver's first call."""
+    job's new WPGs start at once, one job's after another's, ``driver_s`` passes from a
+    job's admission (its WPGs up) to its driver's first call, and ``leave_s`` from a job's end to
+    its leaving its WPGs (released then if it leaves them empty)."""
 
     def __init__(self, mode: str, costs: ClassCosts, placer: Placer, *, sync: str = "host",
-                 on_done: Callable[[], None] | None = None, form_s: float = 0.0, driver_s: float = 0.0):
+                 on_done: Callable[[], None] | None = None, form_s: float = 0.0, driver_s: float = 0.0,
+                 cpus: float | None = None, leave_s: float = 0.0):
         self.placer, self.sync, self.form_s, self.driver_s = placer, check_sync(sync), form_s, driver_s
-        self._forming_until = 0.0  # the live service forms one job's WPGs at a time: when its last ones are up
+        self.leave_s = leave_s  # from a job's end until the service has noticed it and it leaves its WPGs
+        # the live service forms one job's WPGs at a time: the jobs whose new WPGs wait to start
+        # (with how many), and whether some are starting
+        self._to_form: deque[tuple[_Running, int]] = deque()
+        self._forming = False
         domains = [Pool(d, "*", Scheduler(costs.policy), [], []) for d in placer.domains]
-        super().__init__(mode, domains, admit_load=placer.policy.limit, spread=True, on_done=on_done)
+        super().__init__(mode, domains, admit_load=placer.policy.limit, spread=True, on_done=on_done, cpus=cpus)
         self.domain = {p.name: p for p in domains}
         self.shapes, self.declared, self.step_s = costs.shapes, costs.declared, costs.step_s
         self.prefetched: dict[tuple[str, Deployment], float] = {}  # (wpg, deployment) -> when its swap began
@@ -619,6 +646,20 @@ class ClusterSimulation(PoolSimulation):
         if kind == "resume":
             self.begin_step(data, now)
             return [data.pool]
+        if kind == "formed":  # a job's new WPGs are up: its driver starts, the next job's WPGs start
+            r, groups = data
+            self.cpu_wanted -= groups if self.cpus else 0
+            self._forming = False
+            self._start_driver(r, now)
+            if self._to_form:
+                self._form_next(now)
+            return []
+        if kind == "driver":  # its driver is up: its first step
+            self.cpu_wanted -= 1 if self.cpus else 0
+            self.begin_step(data, now)
+            return [data.pool]
+        if kind == "left":
+            return super().left(data, now)
         return super().handle(now, kind, data)
 
     def _held(self, now: float) -> None:
@@ -638,18 +679,34 @@ class ClusterSimulation(PoolSimulation):
             self.running[job.id] = r
             self.start[job.id] = now
             self._costs(r)
-            ready = now
             if self.form_s and placement.formed:  # its new WPGs start first (at once), after those formed before
-                self._forming_until = max(now, self._forming_until) + self.form_s
-                ready = self._forming_until
-            ready += self.driver_s  # then its driver starts
-            if ready > now:
-                self.push(ready, "resume", r)
+                self._to_form.append((r, len(placement.formed)))
+                if not self._forming:
+                    self._form_next(now)
             else:
-                self.begin_step(r, now)
+                self._start_driver(r, now)
             touched.append(pool)
         self.held_peak = max(self.held_peak, self.placer.held_devices())
         return touched
+
+    def left(self, r: _Running, now: float) -> list[Pool]:
+        if not self.leave_s:
+            return super().left(r, now)
+        self.push(now + self.leave_s, "left", r)  # its WPGs hold its load (and devices) until then
+        return []
+
+    def _form_next(self, now: float) -> None:
+        """Start the WPGs of the next job waiting for them (each wants a CPU while it starts)."""
+        r, groups = self._to_form.popleft()
+        self._forming = True
+        self.push(now + (self._shared_cpu(self.form_s, groups) if self.cpus else self.form_s), "formed", (r, groups))
+
+    def _start_driver(self, r: _Running, now: float) -> None:
+        """Start ``r``'s driver (it wants a CPU while it starts), or its first step at once."""
+        if not self.driver_s:
+            self.begin_step(r, now)
+            return
+        self.push(now + (self._shared_cpu(self.driver_s) if self.cpus else self.driver_s), "driver", r)
 
     def _sync_of(self, placement: Placement) -> str:
         """The sync the live engine gives these WPGs (the same rule): through the host tier

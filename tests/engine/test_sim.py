@@ -457,3 +457,70 @@ def test_from_bench_refuses_a_cluster_bench_without_its_measurements(tmp_path, r
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert "missing group_start_s" in line
+
+
+def test_cpu_shares_are_each_activity_s_mean_share_of_what_it_wants_over_its_span():
+    from engine.sim.from_bench import cpu_shares
+
+    shares = cpu_shares([(0.0, 10.0, 1), (5.0, 15.0, 1), (5.0, 10.0, 1)], 2)
+    # the first: alone for 5 s, then one of three on 2 CPUs for 5 s; the third: always one of three
+    assert shares == pytest.approx([(5 + 5 * 2 / 3) / 10, (5 * 2 / 3 + 5) / 10, 2 / 3])
+    assert cpu_shares([(0.0, 4.0, 1), (4.0, 8.0, 1)], 1) == [1.0, 1.0]  # one after the other
+    # two groups starting want two CPUs: with a driver beside them for 2 s, three on two
+    assert cpu_shares([(0.0, 4.0, 2), (2.0, 6.0, 1)], 2) == pytest.approx([(2 + 2 * 2 / 3) / 4] * 2)
+
+
+def cpu_bench(jobs: int, cpus: int | None, *, at_once: bool = False, extra_s: float = 0.0) -> dict:
+    """``cluster_bench(0.3, jobs)`` with what the dedicated run saw of each job: its two groups
+    starting for 2 s until its placement, its driver for 1 s, then its 5 s; one job after the
+    other (or all ``at_once``); the device-seconds the groups held that explain, plus ``extra_s``
+    a group after its job's end."""
+    out = cluster_bench(0.3, jobs=jobs)
+    if cpus is not None:
+        out["host_cpus"] = cpus
+        for i, e in enumerate(out["per_job"]):
+            t = 0.0 if at_once else 20.0 * i
+            e["dedicated_placed_s"], e["dedicated_span_s"] = t + 2.0, [t + 3.0, t + 8.0]
+        out["dedicated_device_seconds"] = jobs * 2 * (2.0 + 6.0 + extra_s)
+    return out
+
+
+def test_from_bench_shares_the_bench_machine_s_cpus_where_the_output_says_how_many():
+    from engine.sim.from_bench import predict_any
+
+    free = predict_any(cpu_bench(8, None))
+    assert free["host_cpus"] is None
+    # one job alone: the prediction is what its dedicated run measured, however many CPUs (its
+    # groups' start-up, measured on one CPU, took twice what it takes with a CPU each)
+    for cpus in (1, 2):
+        assert predict_any(cpu_bench(1, cpus))["predicted"] == predict_any(cpu_bench(1, None))["predicted"]
+    assert predict_any(cpu_bench(1, 1))["group_start_alone_s"] == pytest.approx(1.0)
+    # eight jobs on two pairs of groups and one CPU: their start-ups, calls and host stages stretch
+    shared = predict_any(cpu_bench(8, 1))
+    assert shared["host_cpus"] == 1
+    assert shared["predicted"]["makespan_s"] > 1.5 * free["predicted"]["makespan_s"]
+    assert shared["predicted"]["shared_device_seconds"] > 1.5 * free["predicted"]["shared_device_seconds"]
+    assert predict_any(cpu_bench(8, 64))["predicted"] == free["predicted"]  # more CPUs than anything wants
+    # measured while all eight ran at once on one CPU: alone, each takes a fraction of that, so the
+    # shared run is predicted faster than from the same times measured one job after the other
+    crowded = predict_any(cpu_bench(8, 1, at_once=True))["predicted"]
+    assert crowded["makespan_s"] < shared["predicted"]["makespan_s"]
+    assert max(crowded["per_job_wall_s"].values()) < max(shared["predicted"]["per_job_wall_s"].values())
+
+
+def test_from_bench_keeps_a_group_as_long_after_its_jobs_end_as_the_dedicated_run_did():
+    from engine.sim.from_bench import predict_any
+
+    prompt, late = predict_any(cpu_bench(1, 2)), predict_any(cpu_bench(1, 2, extra_s=1.5))
+    assert prompt["leave_s"] == 0.0
+    assert late["leave_s"] == pytest.approx(1.5)
+    # the job's two groups held 1.5 s longer each; it ended when it did
+    assert late["predicted"]["shared_device_seconds"] == pytest.approx(prompt["predicted"]["shared_device_seconds"]
+                                                                       + 2 * 1.5)
+    assert late["predicted"]["makespan_s"] == prompt["predicted"]["makespan_s"]
+    # a job arriving meanwhile joins the groups the ended job has not yet left (none is formed)
+    two = cpu_bench(2, 2, extra_s=1.5)
+    two["per_job"][1]["submitted_s"] = prompt["predicted"]["makespan_s"] + 0.5
+    joined = predict_any(two)["predicted"]
+    assert joined["peak_wpgs"] == 2
+    assert joined["per_job_wall_s"]["job-1"] < prompt["predicted"]["per_job_wall_s"]["job-0"]  # no start-up
