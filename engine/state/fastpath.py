@@ -127,10 +127,11 @@ class Connections:
         """Whether the manager was asked for its socket (since the last ``reset``)."""
         return self._known
 
-    def open(self) -> None:
-        """Open this thread's connection now (asking the actor for the socket first, which waits
-        for a manager that is starting); ``Closed`` when there is no socket."""
-        self._connection()
+    def locate(self) -> None:
+        """Ask the actor for the socket's path now, unless known (which waits for a manager that
+        is starting); each thread connects on its first call."""
+        if not self._known:
+            self._endpoint, self._known = self._endpoint_of(), True
 
     def _broken(self, sock: socket.socket) -> None:
         sock.close()
@@ -138,8 +139,7 @@ class Connections:
 
     def _connection(self) -> socket.socket:
         """This thread's connection to the socket, opened if need be."""
-        if not self._known:
-            self._endpoint, self._known = self._endpoint_of(), True
+        self.locate()
         path = self._endpoint
         if path is None:
             raise Closed("the StateManager serves no socket")

@@ -185,14 +185,10 @@ class StateClient:
         self.maps = HostMaps()
 
     def connect(self) -> None:
-        """Reach the manager now and open this thread's socket to it: the node's manager starts on
-        its first use (about a second), which a group's start-up then pays instead of its first
-        job's ``create``. A manager without a socket is left to the actor path."""
-        if not self.local and self._fast.available:
-            try:
-                self._fast.open()
-            except (Closed, OSError):
-                self._fast.reset()  # the first call on a swap's path tries again
+        """Reach the manager now and learn its socket: the node's manager starts on its first use
+        (about a second), which a group's start-up then pays instead of its first job's ``create``."""
+        if not self.local:
+            self._fast.locate()
 
     @property
     def reached(self) -> bool:

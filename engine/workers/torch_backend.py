@@ -67,11 +67,12 @@ class TorchBackend(TrainingBackend):
         import transformers
         from transformers import AutoModelForCausalLM
 
-        for architecture in sorted(DECODERS):
-            config = getattr(transformers, architecture).config_class(
-                vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-                num_key_value_heads=1, max_position_embeddings=16)
-            AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.random.fork_rng(devices=[]):  # their random weights leave the rank's generator as it was
+            for architecture in sorted(DECODERS):
+                config = getattr(transformers, architecture).config_class(
+                    vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                    num_key_value_heads=1, max_position_embeddings=16)
+                AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
     # -- residency ---------------------------------------------------------------------------
     def create(self, deployment, model_dir, *, trainable, optimizer, side=""):

@@ -41,6 +41,14 @@ def _not_loaded(_rank, architectures) -> list[str]:
             if f"transformers.models.{model_type[a]}.modeling_{model_type[a]}" not in sys.modules]
 
 
+def _draws_as_seeded(_rank) -> bool:
+    import torch
+
+    drawn = torch.rand(4)
+    torch.manual_seed(0)
+    return torch.equal(drawn, torch.rand(4))
+
+
 def test_a_started_swapping_rank_has_built_each_architecture_and_reached_its_state_manager(ray_engine, plexrl_home):
     group = WorkerGroup.start("test-torch-warm-swap", threads=1, data_dir=plexrl_home,
                               swapping=Swapping(max_resident=1))
@@ -48,6 +56,8 @@ def test_a_started_swapping_rank_has_built_each_architecture_and_reached_its_sta
         rank = group.ranks[0]
         assert ray.get(rank.__ray_call__.remote(_not_loaded, DECODERS)) == []
         assert ray.get(rank.__ray_call__.remote(lambda self: self.backend.state_client.reached))
+        # the tiny models' random weights drew nothing from the rank's generator (seeded at its start)
+        assert ray.get(rank.__ray_call__.remote(_draws_as_seeded))
         assert not ray.get(rank.__ray_call__.remote(lambda self: bool(self.backend.states)))
     finally:
         group.shutdown()
