@@ -219,10 +219,11 @@ def add_models(sub: argparse._SubParsersAction) -> None:
 
 def cmd_models_build(args: argparse.Namespace) -> int:
     from engine.models import PRESETS, is_model_dir, preset_dir
-    from engine.models.tiny import BUILD_INFO, build_preset
 
     if args.preset not in PRESETS:
         raise CliError(f"preset: unknown preset {args.preset!r}; known: {', '.join(sorted(PRESETS))}")
+    from engine.models.tiny import BUILD_INFO, build_preset  # torch: seconds, after the name is checked
+
     path = preset_dir(args.preset)
     if is_model_dir(path) and not args.force:
         info = json.loads((path / BUILD_INFO).read_text())
