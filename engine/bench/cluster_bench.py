@@ -152,6 +152,7 @@ def _per_job(name: str, spec: JobSpec, dedicated: dict[str, Any], shared: dict[s
 
     d, s = dedicated["events"][name], shared["events"][name]
     ds, ss = states(d), states(s)
+    admitted = placed(d)
     end = {k: v.get("succeeded", v.get("failed", 0.0)) for k, v in (("d", ds), ("s", ss))}
     wall = {k: end[k] - v.get("running", 0.0) for k, v in (("d", ds), ("s", ss))}
     from engine.bench.mux import calls_by_function
@@ -166,7 +167,7 @@ def _per_job(name: str, spec: JobSpec, dedicated: dict[str, Any], shared: dict[s
             "dedicated_wall_s": wall["d"], "shared_wall_s": wall["s"],
             # in the dedicated run, seconds after its start: when its groups were up, and from its
             # driver's start to its end (what ran beside what, sharing this machine's ``host_cpus``)
-            "dedicated_placed_s": None if placed(d) is None else placed(d) - dedicated["started"],
+            "dedicated_placed_s": None if admitted is None else admitted - dedicated["started"],
             "dedicated_span_s": [ds.get("running", 0.0) - dedicated["started"], end["d"] - dedicated["started"]],
             "slowdown": wall["s"] / wall["d"] if wall["d"] > 0 else None,
             "identical_metrics": bool(metrics(d)) and metrics(d) == metrics(s),

@@ -203,15 +203,15 @@ def predict_cluster(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[st
               "free_devices": float(n["devices"]), "held_devices": 0.0} for n in bench["nodes"]]
     placer, _ = view(usage, live_policy(config))
     entries = bench["per_job"]
-    costs = ClassCosts({e["job"]: shape(group_keys(e["job"], JobSpec.from_dict(e["spec"])), units,
-                                        config.max_resident) for e in entries},
+    keys = {e["job"]: group_keys(e["job"], JobSpec.from_dict(e["spec"])) for e in entries}  # its groups' kinds
+    costs = ClassCosts({job: shape(kinds, units, config.max_resident) for job, kinds in keys.items()},
                        dict.fromkeys((e["job"] for e in entries), declared(config)),
                        dict.fromkeys((e["job"] for e in entries), 0.0), Policy())
     arrival = {e["job"]: e.get("submitted_s", 0.0) for e in entries}  # as the bench submitted them
     form_s, driver_s, scale, leave = bench["group_start_s"] or 0.0, bench["driver_start_s"] or 0.0, {}, 0.0
     cpus = bench.get("host_cpus") if all(e.get("dedicated_placed_s") is not None for e in entries) else None
     if cpus:  # a bench output that says when each dedicated job was placed, ran and ended
-        groups = {e["job"]: len(group_keys(e["job"], JobSpec.from_dict(e["spec"]))) for e in entries}
+        groups = {job: len(kinds) for job, kinds in keys.items()}
         leave = leave_s(bench, groups, config.devices_per_group)
         scale, form_s, driver_s = alone(bench, groups)
     sim = ClusterSimulation("plexrl", costs, placer, form_s=form_s, driver_s=driver_s, cpus=cpus, leave_s=leave)

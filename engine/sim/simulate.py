@@ -648,14 +648,16 @@ class ClusterSimulation(PoolSimulation):
             return [data.pool]
         if kind == "formed":  # a job's new WPGs are up: its driver starts, the next job's WPGs start
             r, groups = data
-            self.cpu_wanted -= groups if self.cpus else 0
+            if self.cpus:
+                self.cpu_wanted -= groups
             self._forming = False
             self._start_driver(r, now)
             if self._to_form:
                 self._form_next(now)
             return []
         if kind == "driver":  # its driver is up: its first step
-            self.cpu_wanted -= 1 if self.cpus else 0
+            if self.cpus:
+                self.cpu_wanted -= 1
             self.begin_step(data, now)
             return [data.pool]
         if kind == "left":
