@@ -5,9 +5,11 @@ It owns the shared worker groups and the jobs' drivers. Where a job runs and whe
 placer's decision (``engine.service.placing``: the simulator's admission code on the cluster Ray
 reports): a group takes jobs of its kind while their demands sum to the load limit, then another
 group of that kind is formed on a node with room, else the job waits ``queued`` with its position
-and reason, holding no driver. Jobs on one group share it; the scheduler time-slices it. A driver
-runs the algorithm loop as a Ray actor of its own, never inside the caller's process: a Celery
-redelivery or a worker restart neither re-runs nor kills training.
+and reason, holding no driver. New groups start with the service's lock let go (a start-up takes
+seconds): meanwhile other jobs are submitted, placed (on the starting groups too), cancelled and
+finished, and a job starts once all its groups are up. Jobs on one group share it; the scheduler
+time-slices it. A driver runs the algorithm loop as a Ray actor of its own, never inside the
+caller's process: a Celery redelivery or a worker restart neither re-runs nor kills training.
 
 Job state lives in the job's event log (``state`` events: queued, running, paused, succeeded,
 failed, cancelled). One writer at a time: the service writes ``queued`` before the driver exists,
@@ -94,6 +96,11 @@ class EngineService:
         self.recoveries: dict[str, int] = {}  # job id -> times it was resumed after an engine fault
         self.replacing: set[str] = set()  # jobs whose driver the service kills to start a new one
         self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)  # groups started or a starting job placed or gone
+        # while their groups start (the lock let go): group name -> (key, node), and job -> its
+        # groups (started or not); such a job is neither waiting nor running
+        self.unstarted: dict[str, tuple[GroupKey, str]] = {}
+        self.starting: dict[str, list[str]] = {}
         self.formed: dict[str, float] = {}  # group name -> when it started (monotonic), while it runs
         self.start_s: dict[str, float] = {}  # group name -> seconds it took to start, while it runs
         self.idle_since: dict[str, float] = {}  # group name -> since when no running job uses it
@@ -112,13 +119,13 @@ class EngineService:
         side, kind, ranks, affinity = key
         base = f"{kind}-{side}" + (f"-tp{ranks}" if ranks > 1 else "") + (f"-{affinity}" if affinity else "")
         return next(n for n in (base, *(f"{base}-{i}" for i in range(2, 10_000)))
-                    if n not in self.groups and n not in taken)
+                    if n not in self.groups and n not in self.unstarted and n not in taken)
 
-    def _form_groups(self, wanted: list[tuple[GroupKey, str]]) -> list[str]:
+    def _reserve_groups(self, wanted: list[tuple[GroupKey, str]]) -> tuple[list[str], list[tuple[str, GroupKey, str]]]:
         """Groups of these (key, node)s for a placement: for each, an idle one of that key there,
-        else a new one, after releasing idle groups there until Ray has the slots free. The new
-        ones start at once (each on its own node and devices: nothing orders them), so a job's
-        groups are up after the slowest start-up, not after the sum. Holds the lock."""
+        else a new one (recorded in ``unstarted``; the caller starts it), after releasing idle
+        groups there until Ray has the slots free. The names, and the (name, key, node)s to start.
+        Holds the lock."""
         names: list[str] = []
         fresh: list[tuple[str, GroupKey, str]] = []  # (name, key, node) to start
         for key, node in wanted:
@@ -128,7 +135,8 @@ class EngineService:
                 self.idle_since.pop(same[0], None)
                 names.append(same[0])
                 continue
-            need = self.config.devices_per_group * (1 + sum(1 for _, _, n in fresh if n == node))
+            others = sum(1 for _, n in self.unstarted.values() if n == node)  # starting there (maybe unseen by Ray)
+            need = self.config.devices_per_group * (1 + others + sum(1 for _, _, n in fresh if n == node))
             for name in idle:
                 if ray_free_devices().get(node, float("inf")) >= need - 1e-9:
                     break
@@ -136,14 +144,45 @@ class EngineService:
             name = self._group_name(key, {n for n, _, _ in fresh})
             fresh.append((name, key, node))
             names.append(name)
-        started, failed = self._start_at_once(fresh)
-        for name, key, _ in fresh:
-            if name in started:  # kept even if another one failed: idle, it is reused or released
-                self.groups[name] = started[name]
-                self.group_keys[name] = key
-        if failed is not None:
-            raise failed
-        return names
+            self.unstarted[name] = (key, node)
+        return names, fresh
+
+    def _start_unlocked(self, fresh: list[tuple[str, GroupKey, str]]) -> Exception | None:
+        """Start these groups at once (``_start_at_once``) with the lock let go meanwhile, then
+        record those that started (kept even if another failed: idle, reused or released; shut
+        down if the service is closing, released if their node was drained meanwhile); the first
+        failure, or None. Holds the lock (every level of it is let go while they start)."""
+        if not fresh:
+            return None
+        done = threading.Event()
+        out: list[tuple[dict[str, Any], Exception | None]] = []
+
+        def start() -> None:
+            try:
+                out.append(self._start_at_once(fresh))
+            finally:
+                done.set()
+                with self.changed:
+                    self.changed.notify_all()
+
+        threading.Thread(target=start, daemon=True, name="groups-start").start()
+        while not done.is_set():
+            self.changed.wait(timeout=1.0)
+        started, failed = out[0] if out else ({}, RuntimeError("worker groups did not start"))
+        for name, key, node in fresh:
+            self.unstarted.pop(name, None)
+            if name not in started:
+                continue
+            group = self.groups[name] = started[name]
+            self.group_keys[name] = key
+            if self.closing:
+                self.groups.pop(name)
+                self.group_keys.pop(name)
+                group.shutdown()
+                self._held_until_now(group)
+            elif node in self.draining:
+                self._release_group(name)
+        return failed
 
     def _start_at_once(self, fresh: list[tuple[str, GroupKey, str]]) -> tuple[dict[str, Any], Exception | None]:
         """Start these (name, key, node) groups concurrently: those that started, and the first
@@ -186,7 +225,8 @@ class EngineService:
     def _usage(self, *, draining: bool = False) -> list[dict[str, Any]]:
         """The nodes' slots, free as the engine counts them and as Ray does (other actors may hold
         slots too); the drained nodes only with ``draining`` (flagged so)."""
-        rows = node_usage(read_nodes(), held_slots(self.groups.values()), ray_free_devices())
+        starting = [(node, self.config.devices_per_group) for _, node in self.unstarted.values()]
+        rows = node_usage(read_nodes(), held_slots(self.groups.values()) + starting, ray_free_devices())
         for row in rows:
             row["draining"] = row["id"] in self.draining
         return [row for row in rows if draining or not row["draining"]]
@@ -217,6 +257,7 @@ class EngineService:
         them), else once idle ``idle_release_s``. Holds the lock."""
         now = time.monotonic()
         idle = self._idle_groups()
+        due = []
         for name in sorted(self.groups):
             if name not in idle:
                 self.idle_since.pop(name, None)
@@ -224,24 +265,35 @@ class EngineService:
             since = self.idle_since.setdefault(name, now)
             limit = 0.0 if self.config.dedicated else self.config.idle_release_s
             if limit is not None and now - since >= limit:
-                self._release_group(name)
+                due.append(name)
+        self._release_groups(due)
 
     def _release_group(self, name: str) -> None:
-        """Shut down a group no job uses (its devices are needed for another), and return once
-        its ranks are gone and Ray counts their device slots free (or after ``RELEASE_WAIT_S``)."""
-        group = self.groups.pop(name)
-        self.group_keys.pop(name, None)
-        self.idle_since.pop(name, None)
-        self._held_until_now(group)
+        """``_release_groups`` of one."""
+        self._release_groups([name])
+
+    def _release_groups(self, names: list[str]) -> None:
+        """Shut down groups no job uses (their devices are needed for another, or they idled), all
+        at once, and return once their ranks are gone and Ray counts their device slots free (or
+        after ``RELEASE_WAIT_S``)."""
+        groups = [self.groups.pop(name) for name in names]
+        if not groups:
+            return
+        for name, group in zip(names, groups, strict=True):
+            self.group_keys.pop(name, None)
+            self.idle_since.pop(name, None)
+            self._held_until_now(group)
         with contextlib.suppress(RayActorError):
-            ray.get(self._scheduler().remove_groups.remote([group.name]))
+            ray.get(self._scheduler().remove_groups.remote(list(names)))
         before = ray_free_devices()
         freed: dict[str, float] = {}
-        for node, slots in held_slots([group]):
+        for node, slots in held_slots(groups):
             freed[node] = freed.get(node, 0.0) + slots
-        group.shutdown()
-        for rank in range(len(group.ranks)):
-            _wait_name_free(f"wpg:{group.name}:{rank}")
+        for group in groups:
+            group.shutdown()
+        for group in groups:
+            for rank in range(len(group.ranks)):
+                _wait_name_free(f"wpg:{group.name}:{rank}")
         deadline = time.monotonic() + RELEASE_WAIT_S
         while time.monotonic() < deadline:
             now = ray_free_devices()
@@ -250,40 +302,61 @@ class EngineService:
             time.sleep(0.1)
 
     def _admit(self) -> None:
-        """Start the waiting jobs the placer admits (``placing.admission_round``: first come first
-        served, the first that does not fit holds the later ones), forming the groups it places;
-        the others keep its reasons. Holds the lock."""
+        """Place the waiting jobs the placer admits (``placing.admission_round``: first come first
+        served, the first that does not fit holds the later ones; the groups starting count as
+        there), each on the groups it places, new ones reserved; the round's new groups then
+        start at once with the lock let go (``_start_unlocked``), and each job starts once all its
+        groups are up (``_start_ready``). The others keep its reasons. Holds the lock."""
         if not self.waiting or self.closing:
             return
         groups = [LiveGroup(n, self.group_keys[n], g.nodes[0] if g.nodes else "", g.devices)
                   for n, g in sorted(self.groups.items())]
-        running = {job: self.job_groups[job] for job in self.drivers if job in self.job_groups}
+        groups += [LiveGroup(n, key, node, self.config.devices_per_group)
+                   for n, (key, node) in sorted(self.unstarted.items())]
+        running = {job: self.job_groups[job] for job in [*self.drivers, *self.starting] if job in self.job_groups}
         decided = admission_round(self._usage(), groups, running, [(j, self.job_keys[j]) for j in self.waiting],
                                   group_devices=self.config.devices_per_group, demand=declared(self.config),
                                   policy=live_policy(self.config))
         self.reasons = dict(decided.reasons)
         made: dict[str, str] = {}  # the round's new groups: the placer's name -> the group's
+        fresh: list[tuple[str, GroupKey, str]] = []
         for admitted in decided.admitted:
-            names = self.job_groups[admitted.job] = []  # filled as formed: not idle, never released for the next
-            try:
-                placed = [(ref, key, node) for key, ref, node in admitted.groups if node]  # new ones: a node each
-                formed = self._form_groups([(key, node) for _, key, node in placed])
-                made.update((ref, name) for (ref, _, _), name in zip(placed, formed, strict=True))
-                names += [made.get(ref, ref) for _, ref, _ in admitted.groups]
-            except Exception as exc:  # a group that did not start: the job waits (the watch tries again)
-                del self.job_groups[admitted.job]
-                self.reasons[admitted.job] = f"its worker groups did not start: {fault_reason(exc)}"
-                _log.warning("engine: groups for %s: %s", admitted.job, fault_reason(exc))
-                return
+            placed = [(ref, key, node) for key, ref, node in admitted.groups if node]  # new ones: a node each
+            names, more = self._reserve_groups([(key, node) for _, key, node in placed])
+            made.update((ref, name) for (ref, _, _), name in zip(placed, names, strict=True))
+            fresh += more
+            # not idle from here, never released for the next job
+            self.starting[admitted.job] = self.job_groups[admitted.job] = [made.get(ref, ref)
+                                                                           for _, ref, _ in admitted.groups]
             self.waiting.remove(admitted.job)
-            resume = admitted.job in self.resuming
-            self.resuming.discard(admitted.job)
+        self._start_ready()  # those placed on groups up already start now, not after the new ones
+        failed = self._start_unlocked(fresh)
+        if failed is not None:
+            _log.warning("engine: worker groups did not start: %s", fault_reason(failed))
+        self._start_ready(failed)
+
+    def _start_ready(self, failed: Exception | None = None) -> None:
+        """Start the placed jobs whose groups are all up; one whose group did not start
+        (``failed``) or went meanwhile waits again, first (the watch tries again). Holds the lock."""
+        for job, names in list(self.starting.items()):
+            if any(n in self.unstarted for n in names):
+                continue  # placed on groups another round starts: that round starts it
+            del self.starting[job]
+            if not all(n in self.groups for n in names):
+                del self.job_groups[job]
+                self.waiting.insert(0, job)
+                self.reasons[job] = (f"its worker groups did not start: {fault_reason(failed)}" if failed else
+                                     "its worker groups were released before it started")
+                continue
+            resume = job in self.resuming
+            self.resuming.discard(job)
             # written before the driver, the next writer, starts
-            _append(self.data_dir, admitted.job, "placed", {
+            _append(self.data_dir, job, "placed", {
                 "groups": names, "nodes": [self.groups[n].nodes[0] if self.groups[n].nodes else None for n in names]})
-            if resume and self.status(admitted.job).get("state") == "paused":
-                ray.get(self._scheduler().pause.remote(admitted.job))  # its calls wait, as before the restart
-            self._start_driver(admitted.job, resume=resume)
+            if resume and self.status(job).get("state") == "paused":
+                ray.get(self._scheduler().pause.remote(job))  # its calls wait, as before the restart
+            self._start_driver(job, resume=resume)
+        self.changed.notify_all()
 
     # -- the scheduler ------------------------------------------------------------------------------
     def _scheduler(self) -> Any:
@@ -357,6 +430,8 @@ class EngineService:
             self.job_keys[job_id] = keys
             self.waiting.append(job_id)
             self._admit()
+            while job_id in self.starting:  # placed on groups another submission's round starts
+                self.changed.wait(timeout=1.0)
         return self.status(job_id)
 
     def status(self, job_id: str) -> dict[str, Any]:
@@ -434,8 +509,10 @@ class EngineService:
 
     def cancel(self, job_id: str, reason: str = "") -> dict[str, Any]:
         with self.lock:
-            if job_id in self.waiting:  # it never started: nothing to stop
-                self.waiting.remove(job_id)
+            if job_id in self.waiting or job_id in self.starting:  # it never started: nothing to stop
+                if job_id in self.waiting:
+                    self.waiting.remove(job_id)
+                self.starting.pop(job_id, None)  # its groups, once up, are idle
                 self.reasons.pop(job_id, None)
                 self._finish(job_id, {"state": "cancelled", "reason": reason or "cancelled"})
                 self._admit()
@@ -522,8 +599,7 @@ class EngineService:
             moved = sorted(job for job in self.drivers if there & set(self.job_groups.get(job, ())))
             for job in reversed(moved):
                 self._move_off(job, f"node {node[:12]} was drained by an admin; placed again and resumed")
-            for name in sorted(there):  # no job uses them now
-                self._release_group(name)
+            self._release_groups(sorted(there))  # no job uses them now
             self._admit()
         return {"node": node, "draining": True, "moved": moved}
 
@@ -551,8 +627,8 @@ class EngineService:
         return estimate(JobSpec.from_dict(spec)).to_dict()  # profiles: PLEXRL_HOME's, where drivers write
 
     def shutdown(self) -> None:
-        self.closing = True  # nothing waiting starts any more
-        for job in [*self.waiting, *self.drivers]:
+        self.closing = True  # nothing waiting starts any more (groups still starting are shut down once up)
+        for job in [*self.waiting, *self.starting, *self.drivers]:
             self.cancel(job, reason="engine shut down")
         for g in self.groups.values():
             g.shutdown()
@@ -700,6 +776,8 @@ class EngineService:
                 _log.warning("engine: healing after %s: %s", job_id, fault_reason(heal_exc))
                 affected, reason = {job_id}, f"{reason}; then {fault_reason(heal_exc)}"
             for job in sorted(affected & set(self.drivers)):
+                if job not in self.drivers:  # ended while groups started for others (the lock let go)
+                    continue
                 if self.jobs[job][0].algorithm == SESSION:
                     self._stop_driver(job)
                     self._finish(job, {"state": "failed", "reason": f"engine fault ({reason}); {SESSION_NOT_RESUMED}"})

@@ -5,13 +5,16 @@ actors, torch backends."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import ray
 
 from engine.control import EngineClient
+from engine.errors import UnknownJob
 from engine.spec import GRPOConfig, JobSpec, ServiceConfig
 from tests.engine.service_helpers import finished, metrics, states, wait_for
 
@@ -49,14 +52,43 @@ def test_a_bad_service_config_is_refused(config):
         ServiceConfig(**config)
 
 
-def test_dedicated_jobs_run_on_groups_of_their_own_released_when_they_end(ray_engine, plexrl_home, tiny_model_dir):
-    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=0.25, threads=1,
+def test_dedicated_jobs_run_on_groups_of_their_own_started_together_and_released_when_they_end(
+        ray_engine, plexrl_home, tiny_model_dir):
+    # ded-b and ded-c are submitted while ded-a's groups start. The service lets go of its lock while
+    # groups start, so ded-b's start beside ded-a's (before, its submission waited for ded-a's groups
+    # and then started its own: about twice ded-a's wait), and ded-c, cancelled while its groups
+    # start, is cancelled at once and never runs
+    size = settled_free_slots() / 6
+    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=size, threads=1,
                                                                      dedicated=True))
     try:
-        for job in ("ded-a", "ded-b"):
-            client.submit_job(job, SPEC)
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            a = pool.submit(client.submit_job, "ded-a", SPEC)
+            time.sleep(0.5)  # its groups are starting (a start-up takes seconds)
+            b = pool.submit(client.submit_job, "ded-b", SPEC)
+            time.sleep(0.5)
+            c = pool.submit(client.submit_job, "ded-c", dataclasses.replace(SPEC, seed=7))
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # until the service has it: placed, its groups starting
+                with contextlib.suppress(UnknownJob):
+                    client.status("ded-c")
+                    break
+                time.sleep(0.05)
+            cancelled = client.cancel("ded-c", reason="not needed")
+            assert (cancelled["state"], cancelled["active"]) == ("cancelled", False)
+            assert a.result()["active"]
+            assert b.result()["active"]
+            assert c.result()["state"] == "cancelled"
         runs = {job: wait_for(client, job, finished) for job in ("ded-a", "ded-b")}
         assert all(states(ev)[-1] == "succeeded" for ev in runs.values())
+        never = client.events("ded-c")
+        assert states(never) == ["queued", "cancelled"]
+        assert not [e for e in never if e["kind"] == "placed"]  # never placed: no driver, no call
+
+        def waited(events: list[dict]) -> float:  # from its submission to its groups being up
+            return next(e["ts"] for e in events if e["kind"] == "placed") - events[0]["ts"]
+
+        assert waited(runs["ded-b"]) < 1.5 * waited(runs["ded-a"]), (waited(runs["ded-a"]), waited(runs["ded-b"]))
         wpgs = {job: {u["wpg"] for u in usage(ev)} for job, ev in runs.items()}
         assert len(wpgs["ded-a"]) == len(wpgs["ded-b"]) == 2  # a train and a rollout group each
         assert not wpgs["ded-a"] & wpgs["ded-b"]  # nothing shared
@@ -65,7 +97,7 @@ def test_dedicated_jobs_run_on_groups_of_their_own_released_when_they_end(ray_en
         deadline = time.monotonic() + 30  # released once the service sees each driver's run end
         while (snap := client.cluster_snapshot())["wpgs"] and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert snap["wpgs"] == []
+        assert snap["wpgs"] == []  # ded-c's too, once up (idle)
         # held: every group from its start to its release, idle time included; billed: calls only
         assert snap["held_device_seconds"] > sum(billed(ev) for ev in runs.values()) > 0
         held = snap["held_device_seconds"]
