@@ -15,16 +15,20 @@ group each. The jobs alternate between two model configurations (``tiny-arith`` 
 alike: the ``arith-tools`` task's tool stalls made its jobs up to 2.8 times longer), torch training
 and torch or vLLM rollout (``--rollout``), small GRPO steps.
 
+The jobs are submitted together, as a platform's workers would: each from a thread of its own,
+``SEND_GAP_S`` apart so the engine takes them in in order (one submission waits for no other
+job's groups).
+
 Device-seconds are what the groups held, idle time included (the service's
 ``held_device_seconds``); makespan runs from the first submission to the last job's end. Per job:
-its node groups, when its submission was sent (``submitted_s``: a submission the engine admits
-returns once the job's groups are formed), seconds queued, its wall time shared over dedicated (slowdown),
-whether its metrics are identical in both runs, and its calls per function in each run (``calls``,
-the dedicated run's, which ``plexrl sim --from-bench`` replays; ``shared_calls``), and when in the
-dedicated run it was placed and ran (``dedicated_placed_s``, ``dedicated_span_s``).
-A device slot here is not a core: the nodes' slots share this machine's CPUs (``host_cpus``, which
-``--from-bench`` shares in its simulation), so makespans say little about a cluster of real
-devices (the device-seconds do). Nothing is asserted.
+its node groups, when its submission was sent (``submitted_s``), seconds queued, its wall time
+shared over dedicated (slowdown), whether its metrics are identical in both runs, and its calls
+per function in each run (``calls``, the dedicated run's, which ``plexrl sim --from-bench``
+replays; ``shared_calls``), and when in the dedicated run it was placed and ran
+(``dedicated_placed_s``, ``dedicated_span_s``). A device slot here is not a core: the nodes'
+slots share this machine's CPUs (``host_cpus``, which ``--from-bench`` shares in its simulation),
+so makespans say little about a cluster of real devices (the device-seconds do). Nothing is
+asserted.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import json
 import os
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +48,7 @@ if TYPE_CHECKING:
 
 MODELS = (("arith", "tiny-arith"), ("arith", "tiny-arith-tools"))
 POLL_S = 1.0
+SEND_GAP_S = 0.1  # between two jobs' submissions
 
 
 def job_mix(jobs: int, steps: int, seed: int, rollout: str = "torch") -> list[tuple[str, JobSpec]]:
@@ -84,12 +90,15 @@ def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
     client = EngineClient(address=address, data_dir=root, config=config, timeout_s=300)
     try:
         started = time.time()
-        # job -> when its submission was sent, seconds after the first one's (a submission returns once
-        # the job is admitted, its groups formed: the next one is sent only then)
-        submitted: dict[str, float] = {}
-        for name, spec in shapes:
-            submitted[name] = time.time() - started
-            client.submit_job(name, spec)
+        submitted: dict[str, float] = {}  # job -> when its submission was sent, seconds after the first one's
+        with ThreadPoolExecutor(max_workers=len(shapes), thread_name_prefix="submit") as pool:
+            sent = []
+            for name, spec in shapes:
+                submitted[name] = time.time() - started
+                sent.append(pool.submit(client.submit_job, name, spec))
+                time.sleep(SEND_GAP_S)
+            for future in sent:
+                future.result()
         events: dict[str, list[dict]] = {name: [] for name, _ in shapes}
         wpgs: dict[str, str] = {}
         start_s: dict[str, float] = {}  # group name -> seconds it took to start

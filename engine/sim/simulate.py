@@ -600,20 +600,19 @@ class ClusterSimulation(PoolSimulation):
     pace, its profile, a micro-shift). Prefetch hints overlap a swap with the WPG's running call;
     a train state's write-back overlaps what follows (write-behind), so a switch costs its read.
 
-    As the live service (``plexrl sim --from-bench``): ``form_s`` is a new WPG's start-up, a
-    job's new WPGs start at once, one job's after another's, ``driver_s`` passes from a
-    job's admission (its WPGs up) to its driver's first call, and ``leave_s`` from a job's end to
-    its leaving its WPGs (released then if it leaves them empty)."""
+    As the live service (``plexrl sim --from-bench``): ``form_s`` is a new WPG's start-up (an
+    admission round's new WPGs start at once, and later rounds place jobs meanwhile, on them
+    too), a job starts once all its WPGs are up, ``driver_s`` passes from then to its driver's
+    first call, and ``leave_s`` from a job's end to its leaving its WPGs (released then if it
+    leaves them empty)."""
 
     def __init__(self, mode: str, costs: ClassCosts, placer: Placer, *, sync: str = "host",
                  on_done: Callable[[], None] | None = None, form_s: float = 0.0, driver_s: float = 0.0,
                  cpus: float | None = None, leave_s: float = 0.0):
         self.placer, self.sync, self.form_s, self.driver_s = placer, check_sync(sync), form_s, driver_s
         self.leave_s = leave_s  # from a job's end until the service has noticed it and it leaves its WPGs
-        # the live service forms one job's WPGs at a time: the jobs whose new WPGs wait to start
-        # (with how many), and whether some are starting
-        self._to_form: deque[tuple[_Running, int]] = deque()
-        self._forming = False
+        self._starting: set[str] = set()  # WPGs starting (``form_s``)
+        self._placed: list[_Running] = []  # jobs placed on WPGs not all up yet, in their order
         domains = [Pool(d, "*", Scheduler(costs.policy), [], []) for d in placer.domains]
         super().__init__(mode, domains, admit_load=placer.policy.limit, spread=True, on_done=on_done, cpus=cpus)
         self.domain = {p.name: p for p in domains}
@@ -646,14 +645,11 @@ class ClusterSimulation(PoolSimulation):
         if kind == "resume":
             self.begin_step(data, now)
             return [data.pool]
-        if kind == "formed":  # a job's new WPGs are up: its driver starts, the next job's WPGs start
-            r, groups = data
+        if kind == "formed":  # a round's new WPGs are up: the jobs on WPGs all up start
             if self.cpus:
-                self.cpu_wanted -= groups
-            self._forming = False
-            self._start_driver(r, now)
-            if self._to_form:
-                self._form_next(now)
+                self.cpu_wanted -= len(data)
+            self._starting.difference_update(data)
+            self._start_placed(now)
             return []
         if kind == "driver":  # its driver is up: its first step
             if self.cpus:
@@ -672,7 +668,8 @@ class ClusterSimulation(PoolSimulation):
 
     def admit(self, now: float) -> list[Pool]:
         self._held(now)
-        touched = []
+        touched: list[Pool] = []
+        fresh: list[str] = []
         for placement in self.placer.admit(now):
             job = self.jobs_by_id[placement.job]
             pool = self.domain[placement.domain]
@@ -681,13 +678,16 @@ class ClusterSimulation(PoolSimulation):
             self.running[job.id] = r
             self.start[job.id] = now
             self._costs(r)
-            if self.form_s and placement.formed:  # its new WPGs start first (at once), after those formed before
-                self._to_form.append((r, len(placement.formed)))
-                if not self._forming:
-                    self._form_next(now)
+            if self.form_s:
+                fresh += [slot.name for slot in placement.formed]
+                self._placed.append(r)
             else:
                 self._start_driver(r, now)
             touched.append(pool)
+        if fresh:  # the round's new WPGs start at once, each wanting a CPU
+            self._starting.update(fresh)
+            self.push(now + (self._shared_cpu(self.form_s, len(fresh)) if self.cpus else self.form_s), "formed", fresh)
+        self._start_placed(now)
         self.held_peak = max(self.held_peak, self.placer.held_devices())
         return touched
 
@@ -697,11 +697,14 @@ class ClusterSimulation(PoolSimulation):
         self.push(now + self.leave_s, "left", r)  # its WPGs hold its load (and devices) until then
         return []
 
-    def _form_next(self, now: float) -> None:
-        """Start the WPGs of the next job waiting for them (each wants a CPU while it starts)."""
-        r, groups = self._to_form.popleft()
-        self._forming = True
-        self.push(now + (self._shared_cpu(self.form_s, groups) if self.cpus else self.form_s), "formed", (r, groups))
+    def _start_placed(self, now: float) -> None:
+        """Start the placed jobs whose WPGs are all up."""
+        if not self._placed:
+            return
+        ready = [r for r in self._placed if self._starting.isdisjoint((*r.rollout, r.train))]
+        self._placed = [r for r in self._placed if not self._starting.isdisjoint((*r.rollout, r.train))]
+        for r in ready:
+            self._start_driver(r, now)
 
     def _start_driver(self, r: _Running, now: float) -> None:
         """Start ``r``'s driver (it wants a CPU while it starts), or its first step at once."""

@@ -430,10 +430,29 @@ def test_from_bench_replays_a_cluster_bench_through_the_live_placement():
     # one job: its two groups start at once, then its driver, then its steps run as measured alone
     assert alone["makespan_s"] == pytest.approx(2.0 + 1.0 + 5.0 - 0.2 / 2, rel=0.05)
     assert alone["shared_device_seconds"] == pytest.approx(2 * alone["makespan_s"], rel=1e-6)
-    # the fifth job's pair is formed once the first pair is up (the service forms one job's groups
-    # at a time), so it starts after two start-ups; alone on its pair, it then runs as alone
+    # the fifth job's pair starts as it is placed, while the first pair starts (the service lets go
+    # of its lock while groups start), so it starts after one start-up; alone on its pair, it then
+    # runs as alone (it waited a second start-up while the service formed one job's groups at a time)
     fifth = predict_any(cluster_bench(0.3, jobs=5))["predicted"]
-    assert fifth["per_job_wall_s"]["job-4"] == pytest.approx(2 * 2.0 + 1.0 + 5.0 - 0.2 / 2, rel=0.05)
+    assert fifth["per_job_wall_s"]["job-4"] == pytest.approx(2.0 + 1.0 + 5.0 - 0.2 / 2, rel=0.05)
+
+
+def test_from_bench_starts_a_job_placed_on_starting_groups_once_they_are_up():
+    from engine.sim.from_bench import predict_any
+
+    def wall(came: float) -> dict[str, float]:
+        bench = cluster_bench(0.3, jobs=2)  # both on one pair, up at 2.0
+        bench["per_job"][1]["submitted_s"] = came
+        predicted = predict_any(bench)["predicted"]
+        assert predicted["peak_wpgs"] == 2
+        return predicted["per_job_wall_s"]
+
+    # placed at 1.0 on the pair still starting, the second job starts once it is up, as if it had
+    # come then: the same run, its wall a second longer (started as it came, it would have run
+    # before the pair was up, alone on it for a second)
+    during, up = wall(1.0), wall(2.0)
+    assert during["job-1"] == pytest.approx(up["job-1"] + 1.0, abs=1e-9)
+    assert during["job-0"] == pytest.approx(up["job-0"], abs=1e-9)
 
 
 def test_from_bench_replays_each_job_from_when_the_bench_submitted_it():
