@@ -102,9 +102,11 @@ def is_engine_fault(exc: BaseException) -> bool:
 
 def fault_reason(exc: BaseException) -> str:
     """One line saying what went wrong: the error itself, not Ray's wrappers and their tracebacks."""
-    from ray.exceptions import RayTaskError
+    from ray.exceptions import OwnerDiedError, RayTaskError
 
     while isinstance(exc, RayTaskError) and isinstance(exc.cause, BaseException):
         exc = exc.cause
+    if isinstance(exc, OwnerDiedError):  # its own text: an object id and a debugging tip
+        return f"{type(exc).__name__}: a result was lost with the process that held it (its worker or node died)"
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]

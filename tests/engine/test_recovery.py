@@ -57,6 +57,21 @@ class _Rank:
         return [ray.put(b"x" * 200_000)]  # as a rank returns a bulky result: owned by the rank
 
 
+def test_a_result_whose_owner_died_is_a_fault_whose_reason_says_it_was_lost():
+    # a node lost under a job surfaces as whichever error reaches the driver first: a dead actor,
+    # or a rank's result whose owner died with the node (Ray's text: the object's id and a tip)
+    from ray.exceptions import OwnerDiedError
+
+    from engine.errors import fault_reason, is_engine_fault
+
+    exc = OwnerDiedError("00c4306b9129785d338c2eeea249086934147f9e01000000", owner_address=None, call_site="")
+    assert is_engine_fault(exc)
+    reason = fault_reason(exc)
+    assert reason.startswith("OwnerDiedError: ")
+    assert "lost" in reason
+    assert "00c4306b" not in reason
+
+
 def test_a_result_lost_with_the_rank_that_held_it_is_an_engine_fault(ray_engine):
     """A rank's bulky result stays in its process until the driver fetches it; the rank dying
     first (its node removed) fails the fetch with Ray's OwnerDiedError. That is the engine's
