@@ -110,3 +110,9 @@ def fault_reason(exc: BaseException) -> str:
         return f"{type(exc).__name__}: a result was lost with the process that held it (its worker or node died)"
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def as_fault(exc: BaseException) -> EngineFault:
+    """``exc`` (an engine fault, ``is_engine_fault``) as the ``EngineFault`` a job's driver raises for the
+    engine service to recover, its message the one line of ``fault_reason``."""
+    return exc if isinstance(exc, EngineFault) else EngineFault(fault_reason(exc))

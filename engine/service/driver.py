@@ -12,7 +12,7 @@ from typing import Any
 import ray
 
 from engine.client import Client
-from engine.errors import EngineFault, is_engine_fault
+from engine.errors import as_fault, is_engine_fault
 from engine.scheduler.router import Router
 from engine.service.eventlog import EventLog, LogEnded, read_events
 from engine.spec import JobSpec
@@ -124,10 +124,8 @@ class JobDriver:
                                  eval_dataset=spec.eval_dataset)
             self._export(summary)
         except BaseException as exc:
-            if isinstance(exc, EngineFault):  # not the job's doing: the engine service recovers it
-                raise
-            if is_engine_fault(exc):
-                raise EngineFault(f"{type(exc).__name__}: {exc}") from None
+            if is_engine_fault(exc):  # not the job's doing: the engine service recovers it
+                raise as_fault(exc) from None
             self.events.append("state", {"state": "failed", "reason": f"{type(exc).__name__}: {exc}"},
                                durable=True)
             raise

@@ -35,7 +35,7 @@ from typing import Any
 import ray
 
 from engine.client import Client, ModelHandle
-from engine.errors import EngineFault, SessionClosed, SpecError, is_engine_fault
+from engine.errors import SessionClosed, SpecError, as_fault, is_engine_fault
 from engine.scheduler.router import Router
 from engine.service.driver import driver_memory
 from engine.service.eventlog import EventLog
@@ -98,7 +98,7 @@ class SessionDriver:
             self.cv.notify_all()  # calls waiting for their turn learn that the session ended
         self._close_socket()
         if self.fault is not None:  # the engine service fails the session with it
-            raise EngineFault(f"{type(self.fault).__name__}: {self.fault}")
+            raise as_fault(self.fault)
         summary = {"calls": self.calls, "closed": self.ended}
         self.events.append("state", {"state": "succeeded", "reason": self.ended}, durable=True)
         self.events.append("summary", summary, durable=True)

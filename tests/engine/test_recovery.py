@@ -62,7 +62,7 @@ def test_a_result_whose_owner_died_is_a_fault_whose_reason_says_it_was_lost():
     # or a rank's result whose owner died with the node (Ray's text: the object's id and a tip)
     from ray.exceptions import OwnerDiedError
 
-    from engine.errors import fault_reason, is_engine_fault
+    from engine.errors import EngineFault, as_fault, fault_reason, is_engine_fault
 
     exc = OwnerDiedError("00c4306b9129785d338c2eeea249086934147f9e01000000", owner_address=None, call_site="")
     assert is_engine_fault(exc)
@@ -70,6 +70,11 @@ def test_a_result_whose_owner_died_is_a_fault_whose_reason_says_it_was_lost():
     assert reason.startswith("OwnerDiedError: ")
     assert "lost" in reason
     assert "00c4306b" not in reason
+    # as a job's driver hands it to the engine service, whose recovery event quotes it
+    fault = as_fault(exc)
+    assert isinstance(fault, EngineFault) and str(fault) == reason
+    assert "lost" in fault_reason(fault) and "00c4306b" not in fault_reason(fault)
+    assert as_fault(fault) is fault
 
 
 def test_a_result_lost_with_the_rank_that_held_it_is_an_engine_fault(ray_engine):
