@@ -305,7 +305,8 @@ def format_snapshot(snap: dict) -> str:
                           for n in snap.get("nodes", [])], right=(2, 3, 4))
     wpgs = format_table(("wpg", "node", "side", "backend", "devices", "models", "resident jobs"),
                         [(w["name"], short(w["node"]), w["side"], w["backend"], f"{w['devices']:g}",
-                          ",".join(w["models"]) or "-", ",".join(w["resident_jobs"]) or "-")
+                          ",".join(w["models"]) or "-",
+                          ",".join(w["resident_jobs"]) or ("(starting)" if w.get("starting") else "-"))
                          for w in snap.get("wpgs", [])], right=(4,))
     rss = {d["job"]: d["rss_mb"] for d in snap.get("drivers", [])}
     jobs = format_table(("job", "state", "driver MB"),

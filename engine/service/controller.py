@@ -147,28 +147,31 @@ class EngineService:
             self.unstarted[name] = (key, node)
         return names, fresh
 
-    def _start_unlocked(self, fresh: list[tuple[str, GroupKey, str]]) -> Exception | None:
-        """Start these groups at once (``_start_at_once``) with the lock let go meanwhile, then
-        record those that started (kept even if another failed: idle, reused or released; shut
-        down if the service is closing, released if their node was drained meanwhile); the first
-        failure, or None. Holds the lock (every level of it is let go while they start)."""
+    def _start_in_background(self, fresh: list[tuple[str, GroupKey, str]]) -> None:
+        """Start these groups at once (``_start_at_once``) in a thread of their own, so that no
+        caller waits for them with the lock (or the watch, which must notice drivers that end,
+        with its thread); once they are up, record those that started (kept even if another
+        failed: idle, reused or released; shut down if the service is closing, released if their
+        node was drained meanwhile) and start the jobs placed on them (``_start_ready``)."""
         if not fresh:
-            return None
-        done = threading.Event()
-        out: list[tuple[dict[str, Any], Exception | None]] = []
+            return
 
         def start() -> None:
+            started: dict[str, Any] = {}
+            failed: Exception | None = RuntimeError("worker groups did not start")
             try:
-                out.append(self._start_at_once(fresh))
+                started, failed = self._start_at_once(fresh)
             finally:
-                done.set()
-                with self.changed:
-                    self.changed.notify_all()
+                with self.lock:
+                    self._install(fresh, started)
+                    if failed is not None:
+                        _log.warning("engine: worker groups did not start: %s", fault_reason(failed))
+                    self._start_ready(failed)
 
         threading.Thread(target=start, daemon=True, name="groups-start").start()
-        while not done.is_set():
-            self.changed.wait(timeout=1.0)
-        started, failed = out[0] if out else ({}, RuntimeError("worker groups did not start"))
+
+    def _install(self, fresh: list[tuple[str, GroupKey, str]], started: dict[str, Any]) -> None:
+        """Record the groups of ``fresh`` that ``started``. Holds the lock."""
         for name, key, node in fresh:
             self.unstarted.pop(name, None)
             if name not in started:
@@ -182,7 +185,6 @@ class EngineService:
                 self._held_until_now(group)
             elif node in self.draining:
                 self._release_group(name)
-        return failed
 
     def _start_at_once(self, fresh: list[tuple[str, GroupKey, str]]) -> tuple[dict[str, Any], Exception | None]:
         """Start these (name, key, node) groups concurrently: those that started, and the first
@@ -252,9 +254,9 @@ class EngineService:
         return self.held_device_s + sum((now - self.formed[g.name]) * g.devices
                                         for g in self.groups.values() if g.name in self.formed)
 
-    def _release_idle(self) -> None:
+    def _release_idle(self) -> list[str]:
         """Release the groups no running job uses: with ``dedicated`` at once (no other job can use
-        them), else once idle ``idle_release_s``. Holds the lock."""
+        them), else once idle ``idle_release_s``; returns their names. Holds the lock."""
         now = time.monotonic()
         idle = self._idle_groups()
         due = []
@@ -267,6 +269,7 @@ class EngineService:
             if limit is not None and now - since >= limit:
                 due.append(name)
         self._release_groups(due)
+        return due
 
     def _release_group(self, name: str) -> None:
         """``_release_groups`` of one."""
@@ -305,8 +308,8 @@ class EngineService:
         """Place the waiting jobs the placer admits (``placing.admission_round``: first come first
         served, the first that does not fit holds the later ones; the groups starting count as
         there), each on the groups it places, new ones reserved; the round's new groups then
-        start at once with the lock let go (``_start_unlocked``), and each job starts once all its
-        groups are up (``_start_ready``). The others keep its reasons. Holds the lock."""
+        start at once in the background (``_start_in_background``), and each job starts once all
+        its groups are up (``_start_ready``). The others keep its reasons. Holds the lock."""
         if not self.waiting or self.closing:
             return
         groups = [LiveGroup(n, self.group_keys[n], g.nodes[0] if g.nodes else "", g.devices)
@@ -330,17 +333,15 @@ class EngineService:
                                                                            for _, ref, _ in admitted.groups]
             self.waiting.remove(admitted.job)
         self._start_ready()  # those placed on groups up already start now, not after the new ones
-        failed = self._start_unlocked(fresh)
-        if failed is not None:
-            _log.warning("engine: worker groups did not start: %s", fault_reason(failed))
-        self._start_ready(failed)
+        self._start_in_background(fresh)
 
     def _start_ready(self, failed: Exception | None = None) -> None:
         """Start the placed jobs whose groups are all up; one whose group did not start
-        (``failed``) or went meanwhile waits again, first (the watch tries again). Holds the lock."""
+        (``failed``) or went meanwhile waits again, first (the watch tries again); one whose driver
+        does not start fails, with the reason. Holds the lock."""
         for job, names in list(self.starting.items()):
-            if any(n in self.unstarted for n in names):
-                continue  # placed on groups another round starts: that round starts it
+            if job not in self.starting or any(n in self.unstarted for n in names):
+                continue  # started meanwhile (below), or placed on groups another round starts
             del self.starting[job]
             if not all(n in self.groups for n in names):
                 del self.job_groups[job]
@@ -353,9 +354,15 @@ class EngineService:
             # written before the driver, the next writer, starts
             _append(self.data_dir, job, "placed", {
                 "groups": names, "nodes": [self.groups[n].nodes[0] if self.groups[n].nodes else None for n in names]})
-            if resume and self.status(job).get("state") == "paused":
-                ray.get(self._scheduler().pause.remote(job))  # its calls wait, as before the restart
-            self._start_driver(job, resume=resume)
+            try:
+                if resume and self.status(job).get("state") == "paused":
+                    ray.get(self._scheduler().pause.remote(job))  # its calls wait, as before the restart
+                self._start_driver(job, resume=resume)
+            except Exception as exc:  # no caller to tell: the job's log does
+                _log.warning("engine: the driver of %s did not start: %s", job, fault_reason(exc))
+                if job in self.drivers:
+                    self._stop_driver(job)
+                self._finish(job, {"state": "failed", "reason": f"its driver did not start: {fault_reason(exc)}"})
         self.changed.notify_all()
 
     # -- the scheduler ------------------------------------------------------------------------------
@@ -479,15 +486,19 @@ class EngineService:
     def _set_paused(self, job_id: str, paused: bool) -> dict[str, Any]:
         with self.lock:
             driver = self.drivers.get(job_id)
-            if driver is None:
-                return self.status(job_id)  # not running here (finished, or unknown: raises)
-            current = self.status(job_id)
+            current = self.status(job_id)  # unknown: raises
             if (current.get("state") == "paused") == paused:
                 return current  # already so: nothing to do, nothing logged
+            if driver is None and job_id not in self.resuming:
+                return current  # not running here (finished, or queued to run for the first time)
             scheduler = self._scheduler()
             # queued calls stay queued while paused (never dropped); the running one finishes
             ray.get((scheduler.pause if paused else scheduler.resume).remote(job_id))
-            ray.get(driver.note.remote("state", {"state": "paused" if paused else "running"}))
+            state = {"state": "paused" if paused else "running"}
+            if driver is None:  # placed again (moved off a node), not started yet: its driver resumes
+                _append(self.data_dir, job_id, "state", state)  # in the state its log ends in
+            else:
+                ray.get(driver.note.remote("state", state))
         return self.status(job_id)
 
     def set_budget(self, tenant: str, device_seconds: float | None) -> float | None:
@@ -553,8 +564,13 @@ class EngineService:
                       "devices": g.devices, "start_s": self.start_s.get(g.name),
                       # held for: since it began to start (start-up included)
                       "up_s": now - self.formed[g.name] if g.name in self.formed else None,
-                      "resident_jobs": [j for j in resident.get(g.name, []) if j in self.jobs]}
-                     for (side, kind, _, _), g in keyed],
+                      "resident_jobs": [j for j in resident.get(g.name, []) if j in self.jobs], "starting": False}
+                     for (side, kind, _, _), g in keyed]
+            # placed, starting (their slots held): where the jobs placed on them will run
+            + [{"name": name, "node": node, "rank_nodes": [], "side": side, "backend": kind, "models": [],
+                "architectures": [], "devices": self.config.devices_per_group, "start_s": None, "up_s": None,
+                "resident_jobs": [], "starting": True}
+               for name, ((side, kind, _, _), node) in sorted(self.unstarted.items())],
             "jobs": {job: self.status(job).get("state") for job in sorted(self.drivers)},
             "drivers": self._drivers_memory(),
             "queued": [{"job": job, "position": i + 1, "reason": self.reasons.get(job, "")}
@@ -655,7 +671,8 @@ class EngineService:
             self.job_groups.pop(job_id, None)
             self.job_keys.pop(job_id, None)
             self._admit()  # its groups may be what a waiting job needs
-            self._release_idle()
+            if self._release_idle():
+                self._admit()  # their slots may be (dedicated: they are freed as its job ends)
 
     def _release(self, job_id: str) -> None:
         """An ended job's calls, estimates and states leave the scheduler, the groups and the

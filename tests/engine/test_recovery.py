@@ -72,8 +72,10 @@ def test_a_result_whose_owner_died_is_a_fault_whose_reason_says_it_was_lost():
     assert "00c4306b" not in reason
     # as a job's driver hands it to the engine service, whose recovery event quotes it
     fault = as_fault(exc)
-    assert isinstance(fault, EngineFault) and str(fault) == reason
-    assert "lost" in fault_reason(fault) and "00c4306b" not in fault_reason(fault)
+    assert isinstance(fault, EngineFault)
+    assert str(fault) == reason
+    assert "lost" in fault_reason(fault)
+    assert "00c4306b" not in fault_reason(fault)
     assert as_fault(fault) is fault
 
 
