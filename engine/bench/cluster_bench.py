@@ -80,6 +80,14 @@ def _engine_rss_mb() -> float:
     return total / 2**20
 
 
+def _busy_cpu_s() -> float:
+    """CPU-seconds this machine's CPUs have been busy since boot (all but idle and I/O wait)."""
+    import psutil
+
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+
 def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
     """Submit every job at once to a new engine service with ``config``; follow them to their end,
     sampling the cluster every ``POLL_S``. The jobs' events, the service's held device-seconds,
@@ -89,7 +97,7 @@ def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
 
     client = EngineClient(address=address, data_dir=root, config=config, timeout_s=300)
     try:
-        started = time.time()
+        started, busy_at_start = time.time(), _busy_cpu_s()
         submitted: dict[str, float] = {}  # job -> when its submission was sent, seconds after the first one's
         with ThreadPoolExecutor(max_workers=len(shapes), thread_name_prefix="submit") as pool:
             sent = []
@@ -117,10 +125,12 @@ def _run(address: str, root: Path, shapes, config, bar) -> dict[str, Any]:
                 if any(e["kind"] == "state" and e["data"]["state"] in TERMINAL_STATES for e in batch):
                     ended.add(name)
             time.sleep(POLL_S)
+        busy, polled = _busy_cpu_s() - busy_at_start, time.time() - started  # to the last poll (past the last end)
         last = max(e["ts"] for evs in events.values() for e in evs if e["kind"] == "state")
         # a last look: groups released as the last job ended stop counting then
         held = client.cluster_snapshot()["held_device_seconds"]
         return {"events": events, "held_device_seconds": held, "started": started, "makespan_s": last - started,
+                "busy_cpu_s": busy, "polled_s": polled,
                 "wpgs": wpgs,
                 "submitted_s": submitted,
                 "group_start_s": start_s,
@@ -162,6 +172,8 @@ def _per_job(name: str, spec: JobSpec, dedicated: dict[str, Any], shared: dict[s
     d, s = dedicated["events"][name], shared["events"][name]
     ds, ss = states(d), states(s)
     admitted = placed(d)
+    own = next((e["data"].get("groups", ()) for e in d if e["kind"] == "placed"), ())
+    own_start = [dedicated["group_start_s"][g] for g in own if g in dedicated["group_start_s"]]
     end = {k: v.get("succeeded", v.get("failed", 0.0)) for k, v in (("d", ds), ("s", ss))}
     wall = {k: end[k] - v.get("running", 0.0) for k, v in (("d", ds), ("s", ss))}
     from engine.bench.mux import calls_by_function
@@ -177,6 +189,8 @@ def _per_job(name: str, spec: JobSpec, dedicated: dict[str, Any], shared: dict[s
             # in the dedicated run, seconds after its start: when its groups were up, and from its
             # driver's start to its end (what ran beside what, sharing this machine's ``host_cpus``)
             "dedicated_placed_s": None if admitted is None else admitted - dedicated["started"],
+            # seconds its dedicated groups took to start (the slowest), up at ``dedicated_placed_s``
+            "dedicated_group_start_s": max(own_start) if own_start else None,
             "dedicated_span_s": [ds.get("running", 0.0) - dedicated["started"], end["d"] - dedicated["started"]],
             "slowdown": wall["s"] / wall["d"] if wall["d"] > 0 else None,
             "identical_metrics": bool(metrics(d)) and metrics(d) == metrics(s),
@@ -239,6 +253,9 @@ def bench_cluster(*, nodes: int, devices_per_node: int, jobs: int, steps: int, s
         "shared_device_seconds": shared["held_device_seconds"],
         "device_seconds_ratio": shared["held_device_seconds"] / dedicated["held_device_seconds"],
         "dedicated_makespan_s": dedicated["makespan_s"], "shared_makespan_s": shared["makespan_s"],
+        # CPU-seconds the machine was busy in each run (to its last poll, ``*_polled_s`` after its start)
+        "dedicated_busy_cpu_s": dedicated["busy_cpu_s"], "shared_busy_cpu_s": shared["busy_cpu_s"],
+        "dedicated_polled_s": dedicated["polled_s"], "shared_polled_s": shared["polled_s"],
         "makespan_ratio": shared["makespan_s"] / dedicated["makespan_s"],
         "per_job": per_job,
         "state_moves": 0,  # the live engine does not move a job's state between nodes yet

@@ -19,18 +19,21 @@ A ``bench cluster`` output is replayed through the live engine's own placement: 
 the policy and declared demand the engine service runs (``engine.service.placing``), on the
 bench's nodes and service config, in the cluster simulator (``ClusterSimulation``): each job
 arrives when the bench sent its submission (``submitted_s``; all at 0 for an output without it),
-groups are formed as the placer lays them, a job's new groups at once and one job's after
-another's as the service forms them, taking the measured median start-up time of a group
-(``group_start_s``); a job's driver starts once its groups are up, taking the measured median
-from admission to the driver's first event (``driver_start_s``); groups are released when
-empty; device-seconds are what the groups held.
+groups are formed as the placer lays them, an admission round's new groups at once (later
+rounds place jobs meanwhile, on them too), taking a group's start-up time (``group_start_s``); a
+job's driver starts once its groups are all up, taking the time from then to the driver's first
+event (``driver_start_s``); groups are released when empty, ``leave_s`` after their last job's end
+(what the dedicated run's held device-seconds say that took); device-seconds are what the groups
+held.
 
 The bench's device slots are not devices: every node's groups and drivers share the machine's
-``host_cpus``. Where the output says how many, the simulation shares them too: each running call,
-host stage and driver start-up wants a CPU, and each group while it starts; what starts while more
-are wanted than there are takes its time times wanted / CPUs. The dedicated run's measurements
-are first brought back to what they take with the CPUs to themselves, by the share they had
-there (``alone``: from each job's placement, driver start and end in that run).
+``host_cpus``. Where the output says how many, the simulation shares them too, as the operating
+system does (processor sharing): each running call, host stage and driver start-up wants a CPU,
+and each group while it starts; while more are wanted than there are, each gets CPUs / wanted of
+one, so what runs slows as others start and speeds up as they end. The dedicated run's
+measurements are first brought back to what they take with the CPUs to themselves, by the share
+they had there (``alone``: from each job's groups' start-up, its placement, its driver's start
+and its end in that run).
 """
 
 from __future__ import annotations
@@ -121,38 +124,42 @@ def cpu_shares(activities: list[tuple[float, float, int]], cpus: float) -> list[
     return shares
 
 
+def _group_start_s(bench: dict[str, Any], entry: dict[str, Any]) -> float:
+    """Seconds the job's dedicated groups took to start: as measured for them, else the median."""
+    own = entry.get("dedicated_group_start_s")
+    return own if own is not None else bench["group_start_s"] or 0.0
+
+
 def leave_s(bench: dict[str, Any], groups: dict[str, int], devices: float) -> float:
-    """Seconds a dedicated group was held beyond its start-up (the median) and its job's time
-    from its placement to its end, on average: until the service noticed the job's end and
-    released its ``groups`` (of ``devices`` each)."""
-    start = bench["group_start_s"] or 0.0
-    explained = sum(groups[e["job"]] * devices * (start + e["dedicated_span_s"][1] - e["dedicated_placed_s"])
-                    for e in bench["per_job"])
+    """Seconds a dedicated group was held beyond its start-up and its job's time from its
+    placement to its end, on average: until the service noticed the job's end and released its
+    ``groups`` (of ``devices`` each)."""
+    explained = sum(groups[e["job"]] * devices * (_group_start_s(bench, e) + e["dedicated_span_s"][1]
+                                                  - e["dedicated_placed_s"]) for e in bench["per_job"])
     return max(0.0, (bench["dedicated_device_seconds"] - explained) / (devices * sum(groups.values())))
 
 
 def alone(bench: dict[str, Any], groups: dict[str, int]) -> tuple[dict[str, float], float, float]:
     """What the dedicated run measured brought back to what it takes with CPUs to itself: per job
     the factor of its times (its share over its run, from its driver's start to its end), and a
-    group's start-up and a driver's (their measured medians times the median share they had).
-    While a job's ``groups`` start (from its placement less a start-up) each wants a CPU; then its
-    driver, until it runs; then the job, until its end."""
+    group's start-up and a driver's (the median over the jobs of each one's times the share it had).
+    While a job's ``groups`` start (from its placement less their start-up) each wants a CPU; then
+    its driver, until it runs; then the job, until its end."""
     cpus, entries = bench["host_cpus"], bench["per_job"]
-    form_s, driver_s = bench["group_start_s"] or 0.0, bench["driver_start_s"] or 0.0
     activities, what = [], []
     for e in entries:
         running, end = e["dedicated_span_s"]
         placed = e["dedicated_placed_s"]
-        for kind, span in (("form", (placed - form_s, placed, groups[e["job"]])), ("driver", (placed, running, 1)),
-                           ("run", (running, end, 1))):
+        form = (placed - _group_start_s(bench, e), placed, groups[e["job"]])
+        for kind, span in (("form", form), ("driver", (placed, running, 1)), ("run", (running, end, 1))):
             activities.append(span)
             what.append((kind, e["job"]))
     shares = cpu_shares(activities, cpus)
     by_kind: dict[str, list[float]] = {}
-    for (kind, _), share in zip(what, shares, strict=True):
-        by_kind.setdefault(kind, []).append(share)
+    for (kind, _), share, (start, stop, _) in zip(what, shares, activities, strict=True):
+        by_kind.setdefault(kind, []).append((stop - start) * share)
     scale = {job: share for (kind, job), share in zip(what, shares, strict=True) if kind == "run"}
-    return scale, form_s * statistics.median(by_kind["form"]), driver_s * statistics.median(by_kind["driver"])
+    return scale, statistics.median(by_kind["form"]), statistics.median(by_kind["driver"])
 
 
 def predict(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[str, Any]:
@@ -250,5 +257,7 @@ def predict_any(bench: dict[str, Any], *, switch_s: float = 0.05) -> dict[str, A
 def load(path: Path) -> dict[str, Any]:
     try:
         return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--from-bench {path}: {exc}") from None
+    except OSError as exc:  # the caller names the file
+        raise ValueError(exc.strerror or str(exc)) from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc})") from None

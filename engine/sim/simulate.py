@@ -339,6 +339,22 @@ def _stream(i: int) -> str:
 
 
 @dataclass(eq=False)
+class _CpuTask:
+    """Work on the shared CPUs (``PoolSimulation.cpus``): ``left`` seconds of it still to do, of
+    ``work`` begun at ``begun``, wanting ``wants`` CPUs; event ``kind`` with ``data`` once done
+    (``PoolSimulation.after_cpu``)."""
+
+    left: float
+    wants: int
+    kind: str
+    data: Any
+    begun: float
+    work: float
+    version: int = 0  # of its "cpu" event due (a rate change makes its earlier ones stale)
+    slowed: bool = False  # it ran on fewer CPUs than it wants at some time
+
+
+@dataclass(eq=False)
 class _Running:
     """A job in a pool: where its calls go and how far it got."""
 
@@ -379,10 +395,14 @@ class PoolSimulation:
         self.mode, self.admit_load, self.spread, self.on_done = mode, admit_load, spread, on_done
         # None: a call or host stage takes its given seconds. Else the CPUs every WPG's calls and
         # every driver's host work share (a machine whose device slots are not devices of their
-        # own): each running call and host stage wants one, and one that starts while more want
-        # them than there are takes its seconds times wanted / cpus
+        # own): each running call and host stage wants one and is CPU work of its given seconds;
+        # while more are wanted than there are, each gets cpus / wanted of what it wants
+        # (processor sharing), so what runs slows down as others start and speeds up as they end
         self.cpus: float = cpus or 0.0  # 0: not shared
         self.cpu_wanted = 0
+        self.cpu_tasks: dict[int, _CpuTask] = {}
+        self.cpu_since = 0.0  # the CPU tasks' remaining work is counted up to then
+        self.cpu_ids = itertools.count(1)
         self.by_class: dict[str, list[Pool]] = defaultdict(list)
         for pool in pools:
             self.by_class[pool.cls].append(pool)
@@ -438,10 +458,10 @@ class PoolSimulation:
         if kind == "arrive":
             self.queue.append(data)
             return self.admit(now)
+        if kind == "cpu":  # CPU work done: what it was for happens now
+            return self.cpu_done(now, data)
         if kind == "done":
             pool, call_id, r, exec_s, setup = data
-            if self.cpus:
-                self.cpu_wanted -= 1
             for rec in pool.scheduler.complete(call_id, now, exec_s=exec_s, setup_s=setup):
                 self.usage.append(rec)
                 self.switch_ds += rec.setup_s * rec.devices  # billed to the job as part of its call
@@ -452,8 +472,6 @@ class PoolSimulation:
                 touched += self.next_stage(r, now)
             return touched
         if kind == "host":
-            if self.cpus:
-                self.cpu_wanted -= 1
             return self.next_stage(data, now)
         return [data]  # "wake": the pool's scheduler asked to decide again now
 
@@ -523,7 +541,7 @@ class PoolSimulation:
             return [r.pool]
         stage = r.stages[r.stage]
         if isinstance(stage, float):
-            self.push(now + (self._shared_cpu(stage) if self.cpus else stage), "host", r)
+            self.after_cpu(now, stage, "host", r)
             return []
         submitted = self.calls[r.pool.name]
         for i, spec in enumerate(stage):
@@ -569,21 +587,68 @@ class PoolSimulation:
                 self.hint(d, now)
                 continue
             r, exec_s = waiting.pop(d.call.id)
-            if self.cpus:
-                exec_s = self._shared_cpu(exec_s)
             # the WPGs swap in parallel; the call holds all of its WPGs through the slowest swap
             setup = max(self.swap_s(sched, d, g, now) for g in d.switches) if d.switches else 0.0
             self.switches += len(d.switches)
-            self.push(now + setup + exec_s, "done", (pool, d.call.id, r, exec_s, setup))
+            self.after_cpu(now, setup + exec_s, "done", (pool, d.call.id, r, exec_s, setup))
         wake = sched.next_wakeup(now) if sched.not_before else None
         if wake is not None and self.wakeups.get(pool.name) != wake:
             self.wakeups[pool.name] = wake
             self.push(wake, "wake", pool)
 
-    def _shared_cpu(self, seconds: float, wants: int = 1) -> float:
-        """``seconds`` of what starts now wanting ``wants`` CPUs, on the CPUs it shares (see ``cpus``)."""
+    def after_cpu(self, now: float, seconds: float, kind: str, data: Any, wants: int = 1) -> None:
+        """Event ``kind`` with ``data`` once ``seconds`` of work wanting ``wants`` CPUs, begun now, is
+        done: ``seconds`` later, or, where the CPUs are shared (``cpus``), once its share of them
+        has done that work. A call's ("done") seconds are then the ones it took, in proportion."""
+        if not self.cpus:
+            self.push(now + seconds, kind, data)
+            return
+        self._cpu_advance(now)
+        before = self._cpu_rate()
+        task = self.cpu_tasks[next(self.cpu_ids)] = _CpuTask(seconds, wants, kind, data, now, seconds)
         self.cpu_wanted += wants
-        return seconds * max(1.0, self.cpu_wanted / self.cpus)
+        self._cpu_reschedule(now, before, task)
+
+    def _cpu_rate(self) -> float:
+        """Work done per second by each CPU a task wants, now."""
+        return min(1.0, self.cpus / self.cpu_wanted) if self.cpu_wanted else 1.0
+
+    def _cpu_advance(self, now: float) -> None:
+        """Count the work every CPU task did since ``cpu_since``."""
+        rate = self._cpu_rate()
+        done = (now - self.cpu_since) * rate
+        if done > 0:
+            for task in self.cpu_tasks.values():
+                task.left -= done
+                task.slowed = task.slowed or rate < 1.0
+        self.cpu_since = now
+
+    def _cpu_reschedule(self, now: float, before: float, new: _CpuTask | None = None) -> None:
+        """Each task's "cpu" event at the rate now: every task's where the rate changed from
+        ``before`` (their earlier events go stale), else only the ``new`` one's."""
+        rate = self._cpu_rate()
+        for key, task in self.cpu_tasks.items():
+            if rate != before or task is new:
+                task.version += 1
+                self.push(now + max(0.0, task.left) / rate, "cpu", (key, task.version))
+
+    def cpu_done(self, now: float, due: tuple[int, int]) -> list[Pool]:
+        """A CPU task's work is done (unless its event went stale): its event happens now."""
+        key, version = due
+        task = self.cpu_tasks.get(key)
+        if task is None or task.version != version:
+            return []
+        self._cpu_advance(now)
+        before = self._cpu_rate()
+        del self.cpu_tasks[key]
+        self.cpu_wanted -= task.wants
+        self._cpu_reschedule(now, before)
+        data = task.data
+        if task.kind == "done" and task.slowed:  # its execution and switch, as long as they took
+            pool, call_id, r, exec_s, setup = data
+            took = (now - task.begun) / task.work
+            data = (pool, call_id, r, exec_s * took, setup * took)
+        return self.handle(now, task.kind, data)
 
     def hint(self, hint: Prefetch, now: float) -> None:
         """A prefetch hint: fixed pools charge every swap in full at dispatch (none overlapped)."""
@@ -646,14 +711,10 @@ class ClusterSimulation(PoolSimulation):
             self.begin_step(data, now)
             return [data.pool]
         if kind == "formed":  # a round's new WPGs are up: the jobs on WPGs all up start
-            if self.cpus:
-                self.cpu_wanted -= len(data)
             self._starting.difference_update(data)
             self._start_placed(now)
             return []
         if kind == "driver":  # its driver is up: its first step
-            if self.cpus:
-                self.cpu_wanted -= 1
             self.begin_step(data, now)
             return [data.pool]
         if kind == "left":
@@ -686,7 +747,7 @@ class ClusterSimulation(PoolSimulation):
             touched.append(pool)
         if fresh:  # the round's new WPGs start at once, each wanting a CPU
             self._starting.update(fresh)
-            self.push(now + (self._shared_cpu(self.form_s, len(fresh)) if self.cpus else self.form_s), "formed", fresh)
+            self.after_cpu(now, self.form_s, "formed", fresh, wants=len(fresh))
         self._start_placed(now)
         self.held_peak = max(self.held_peak, self.placer.held_devices())
         return touched
@@ -711,7 +772,7 @@ class ClusterSimulation(PoolSimulation):
         if not self.driver_s:
             self.begin_step(r, now)
             return
-        self.push(now + (self._shared_cpu(self.driver_s) if self.cpus else self.driver_s), "driver", r)
+        self.after_cpu(now, self.driver_s, "driver", r)
 
     def _sync_of(self, placement: Placement) -> str:
         """The sync the live engine gives these WPGs (the same rule): through the host tier

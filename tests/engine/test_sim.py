@@ -312,7 +312,7 @@ def test_csv_trace_loads_and_names_the_bad_line(tmp_path):
     (["--set", "arrivals_per_s=often"], "--set arrivals_per_s: 'often' is not a valid float"),
     (["--modes", "plexrl,nope"], "unknown mode(s) nope"),
     (["--plot", "out.pdf"], "must end in .png or .svg"),
-    (["--from-bench", "/nonexistent.json"], "--from-bench"),
+    (["--from-bench", "/nonexistent.json"], "--from-bench /nonexistent.json: No such file or directory"),
     (["--admission", "nope=1"], "--admission 'nope=1': expected PARAM=VALUE"),
     (["--admission", "limit=lots"], "--admission limit: 'lots' is not a valid float"),
     (["--admission", "limit=1.6", "--admission", "slowdown_bound=1.5"], "--admission: invalid admission policy"),
@@ -525,6 +525,51 @@ def test_from_bench_shares_the_bench_machine_s_cpus_where_the_output_says_how_ma
     crowded = predict_any(cpu_bench(8, 1, at_once=True))["predicted"]
     assert crowded["makespan_s"] < shared["predicted"]["makespan_s"]
     assert max(crowded["per_job_wall_s"].values()) < max(shared["predicted"]["per_job_wall_s"].values())
+
+
+def test_work_on_shared_cpus_slows_as_others_start_and_speeds_up_as_they_end():
+    """Processor sharing: 2 s of work begun at 0 and 2 s begun at 1, on one CPU, share it from 1 s
+    on (the first ends at 3, the second, alone again, at 4); taken at their start (the first alone,
+    the second beside it) they would end at 2 and 5. On two CPUs each runs as alone."""
+    from engine.sim.simulate import PoolSimulation
+
+    class Probe(PoolSimulation):
+        def handle(self, now, kind, data):
+            if kind == "begin":
+                self.after_cpu(now, 2.0, "end", data)
+                return []
+            if kind == "end":
+                ended[data] = now
+                return []
+            return super().handle(now, kind, data)
+
+    for cpus, expected in ((1, {"a": 3.0, "b": 4.0}), (2, {"a": 2.0, "b": 3.0})):
+        ended: dict[str, float] = {}
+        sim = Probe("plexrl", [], admit_load=float("inf"), spread=True, on_done=None, cpus=cpus)
+        sim.push(0.0, "begin", "a")
+        sim.push(1.0, "begin", "b")
+        sim.run([])
+        assert ended == pytest.approx(expected)
+        assert not sim.cpu_tasks
+        assert sim.cpu_wanted == 0
+
+
+def test_from_bench_counts_each_dedicated_job_s_own_group_start_up():
+    """Three jobs whose groups took 2 s to start (the median) and one whose took 6 s (started
+    beside others): the device-seconds they held are explained by their own start-ups, with no
+    time left between a job's end and its groups' release; taken at the median, 4 s of each of
+    that job's two groups would look like it (0.5 s a group, spread over all eight)."""
+    from engine.sim.from_bench import predict_any
+
+    bench = cpu_bench(4, 2)
+    for e in bench["per_job"]:
+        e["dedicated_group_start_s"] = 2.0
+    bench["per_job"][0]["dedicated_group_start_s"] = 6.0
+    bench["dedicated_device_seconds"] += 2 * 4.0
+    assert predict_any(bench)["leave_s"] == pytest.approx(0.0, abs=1e-9)
+    for e in bench["per_job"]:
+        del e["dedicated_group_start_s"]
+    assert predict_any(bench)["leave_s"] == pytest.approx(2 * 4.0 / 8)
 
 
 def test_from_bench_keeps_a_group_as_long_after_its_jobs_end_as_the_dedicated_run_did():
