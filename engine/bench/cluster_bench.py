@@ -25,10 +25,11 @@ its node groups, when its submission was sent (``submitted_s``), seconds queued,
 shared over dedicated (slowdown), whether its metrics are identical in both runs, and its calls
 per function in each run (``calls``, the dedicated run's, which ``plexrl sim --from-bench``
 replays; ``shared_calls``), and when in the dedicated run it was placed and ran
-(``dedicated_placed_s``, ``dedicated_span_s``). A device slot here is not a core: the nodes'
-slots share this machine's CPUs (``host_cpus``, which ``--from-bench`` shares in its simulation),
-so makespans say little about a cluster of real devices (the device-seconds do). Nothing is
-asserted.
+(``dedicated_placed_s``, ``dedicated_span_s``) and how long its groups took to start
+(``dedicated_group_start_s``). A device slot here is not a core: the nodes' slots share this
+machine's CPUs (``host_cpus``, which ``--from-bench`` shares in its simulation; how busy they were
+in each run: ``*_busy_cpu_s`` over ``*_polled_s``), so makespans say little about a cluster of
+real devices (the device-seconds do). Nothing is asserted.
 """
 
 from __future__ import annotations
