@@ -227,8 +227,8 @@ class EngineService:
     def _usage(self, *, draining: bool = False) -> list[dict[str, Any]]:
         """The nodes' slots, free as the engine counts them and as Ray does (other actors may hold
         slots too); the drained nodes only with ``draining`` (flagged so)."""
-        starting = [(node, self.config.devices_per_group) for _, node in self.unstarted.values()]
-        rows = node_usage(read_nodes(), held_slots(self.groups.values()) + starting, ray_free_devices())
+        starting = [(node, self.config.devices_per_group) for _, node in list(self.unstarted.values())]
+        rows = node_usage(read_nodes(), held_slots(list(self.groups.values())) + starting, ray_free_devices())
         for row in rows:
             row["draining"] = row["id"] in self.draining
         return [row for row in rows if draining or not row["draining"]]
@@ -545,13 +545,16 @@ class EngineService:
         ``control_node`` this service, the scheduler and the drivers run on, and each running
         job's ``drivers`` entry: its node and resident memory (None where it did not answer); the
         ``held_device_seconds`` of every group so far, idle time included (what a provider pays)."""
-        stats = ray.get(self._scheduler().stats.remote()) if self.groups else {}
+        # not under the lock (the scheduler and the drivers are asked): copies, as groups start,
+        # jobs end and groups are released meanwhile in other threads
+        groups, keys, unstarted = dict(self.groups), dict(self.group_keys), dict(self.unstarted)
+        stats = ray.get(self._scheduler().stats.remote()) if groups else {}
         resident = stats.get("resident", {})
         models: dict[str, set[str]] = {}  # group name -> models of the running jobs that use it
-        for job, (spec, _) in self.jobs.items():
+        for job, (spec, _) in list(self.jobs.items()):
             for name in self.job_groups.get(job, ()) if job in self.drivers else ():
                 models.setdefault(name, set()).add(spec.model)
-        keyed = [(self.group_keys[n], g) for n, g in sorted(self.groups.items())]
+        keyed = [(keys[n], g) for n, g in sorted(groups.items()) if n in keys]
         now = time.monotonic()
         return {
             "groups": [{"name": g.name, "side": side, "backend": kind, "ranks": ranks,
@@ -570,7 +573,7 @@ class EngineService:
             + [{"name": name, "node": node, "rank_nodes": [], "side": side, "backend": kind, "models": [],
                 "architectures": [], "devices": self.config.devices_per_group, "start_s": None, "up_s": None,
                 "resident_jobs": [], "starting": True}
-               for name, ((side, kind, _, _), node) in sorted(self.unstarted.items())],
+               for name, ((side, kind, _, _), node) in sorted(unstarted.items())],
             "jobs": {job: self.status(job).get("state") for job in sorted(self.drivers)},
             "drivers": self._drivers_memory(),
             "queued": [{"job": job, "position": i + 1, "reason": self.reasons.get(job, "")}
