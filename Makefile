@@ -33,8 +33,10 @@ $(STAMP): pyproject.toml constraints.txt clients/python/pyproject.toml
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
+# Two workers side by side: the engine's tests and the platform's (tests/conftest.py groups them).
+# `.venv/bin/pytest` alone runs the suite in one process.
 test: install
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2
 
 demo: install
 	$(VENV)/bin/plexrl demo

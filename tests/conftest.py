@@ -5,6 +5,42 @@ from pathlib import Path
 import pytest
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """Two streams for ``make test`` (``pytest -n 2``): the engine's tests (Ray, models; no database,
+    Redis or Celery) in one worker, everything else (PostgreSQL, Redis, Celery, the browser, and the
+    jobs they run) in the other, each in its usual order. The halves take about as long, and
+    neither keeps this machine's two CPUs busy alone (the platform's tests wait on servers and
+    workers most of the time), so side by side they end far sooner than one after the other. Each
+    worker has its own session fixtures (its own Ray instance, its own test database).
+
+    Items are handed out by index, not node id: schemathesis's generated tests (one per API
+    operation) share one node id under pytest 9, and xdist's own schedulers, which key on node ids,
+    would run only one of them (and ``--dist loadgroup`` cannot rename pytest 9's node ids)."""
+    from xdist.scheduler import EachScheduling
+
+    class TwoStreams(EachScheduling):
+        def schedule(self) -> None:
+            assert self.collection_is_completed
+            for i, (node, pending) in enumerate(self.node2pending.items()):
+                if node in self._started:
+                    continue
+                if not pending:  # a fresh worker: its stream (a replacement gets the dead one's rest)
+                    collection = self.node2collection[node]
+                    pending[:] = [k for k, nodeid in enumerate(collection) if _stream(nodeid) == i % 2]
+                    if pending:
+                        node.send_runtest_some(pending)
+                    node.shutdown()
+                else:
+                    node.send_runtest_some(pending)
+                self._started.append(node)
+
+    return TwoStreams(config, log)
+
+
+def _stream(nodeid: str) -> int:
+    return 0 if nodeid.startswith("tests/engine/") else 1
+
+
 @pytest.fixture(scope="session")
 def engine_home(tmp_path_factory) -> Path:
     """A data directory with the tiny-arith preset built, shared by the tests that run real jobs."""
