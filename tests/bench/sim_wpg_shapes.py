@@ -117,7 +117,8 @@ def main() -> int:
             "held_share": sim.held_by_kind[kind] / held,
             "backlog_jobs_per_wpg": sim.backlog[(kind, "jobs")] / devices,
             "backlog_load": sim.backlog[(kind, "load")] / devices,
-            "backlog_jobs_histogram": {n: sim.backlog[(kind, n)] / devices for n in range(1, 9) if sim.backlog[(kind, n)]},
+            "backlog_jobs_histogram": {n: sim.backlog[(kind, n)] / devices
+                                       for n in range(1, 9) if sim.backlog[(kind, n)]},
         }
     if args.json:
         print(json.dumps(out, indent=2))
