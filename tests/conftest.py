@@ -6,7 +6,7 @@ import pytest
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Two streams for ``make test`` (``pytest -n 2``): the engine's tests (Ray, models; no database,
+    """Two streams for ``pytest -n 2``: the engine's tests (Ray, models; no database,
     Redis or Celery) in one worker, everything else (PostgreSQL, Redis, Celery, the browser, and the
     jobs they run) in the other, each in its usual order. The halves take about as long, and
     neither keeps this machine's two CPUs busy alone (the platform's tests wait on servers and
@@ -26,7 +26,9 @@ def pytest_xdist_make_scheduler(config, log):
                     continue
                 if not pending:  # a fresh worker: its stream (a replacement gets the dead one's rest)
                     collection = self.node2collection[node]
-                    pending[:] = [k for k, nodeid in enumerate(collection) if _stream(nodeid) == i % 2]
+                    engine = i % 2 == 0
+                    pending[:] = [k for k, nodeid in enumerate(collection)
+                                  if nodeid.startswith("tests/engine/") == engine]
                     if pending:
                         node.send_runtest_some(pending)
                     node.shutdown()
@@ -35,10 +37,6 @@ def pytest_xdist_make_scheduler(config, log):
                 self._started.append(node)
 
     return TwoStreams(config, log)
-
-
-def _stream(nodeid: str) -> int:
-    return 0 if nodeid.startswith("tests/engine/") else 1
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from engine.cli.sim_commands import _admission as parse_admission  # noqa: E402
+from engine.errors import CliError  # noqa: E402
 from engine.scheduler.admission import Placer  # noqa: E402
 from engine.sim.simulate import (  # noqa: E402
     ClusterSimulation,
@@ -51,11 +53,9 @@ class ShapeWatch(ClusterSimulation):
         self.held_by_kind: collections.Counter = collections.Counter()  # kind -> device-seconds held
         self.backlog: collections.Counter = collections.Counter()  # while jobs waited
         self.demands: list = []
-        self._seen = 0.0
 
     def _held(self, now: float) -> None:
-        dt = now - self._seen
-        self._seen = now
+        dt = now - self._held_since  # since the last count (``super()._held`` moves it on)
         if dt > 0:
             for slot in self.placer.slots.values():
                 n = len(slot.devices)
@@ -72,16 +72,6 @@ class ShapeWatch(ClusterSimulation):
         super().leave(r, now)
 
 
-def parse_admission(pairs: list[str]) -> dict:
-    out: dict = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--admission: expected PARAM=VALUE, got {pair!r}")
-        out[key] = json.loads(value) if value not in ("True", "False") else value == "True"
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpus", type=int, default=512)
@@ -95,7 +85,11 @@ def main() -> int:
     plans = plan_all(w, generate_jobs(w, args.jobs, args.seed))
     isolated = summarise(run_mode("isolated_split", w, plans), plans)
 
-    admission = parse_admission(args.admission)
+    try:
+        admission = parse_admission(args.admission)  # as `plexrl sim --admission` reads them
+    except CliError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     groups = admission.pop("groups_per_domain", None)
     placer = Placer(cluster_domains(w, groups), sim_admission(w, "plexrl_backfill", **admission))
     sim = ShapeWatch("plexrl_backfill", workload_costs(w), placer, sync=args.sync)

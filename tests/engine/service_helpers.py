@@ -45,6 +45,11 @@ def metrics(events: list[dict]) -> list[dict]:
     return [e["data"] for e in events if e["kind"] == "metrics"]
 
 
+def usage_device_s(events: list[dict]) -> list[float]:
+    """Device-seconds of each usage record: one per worker group a call held."""
+    return [e["data"]["devices"] * (e["data"]["end"] - e["data"]["start"]) for e in events if e["kind"] == "usage"]
+
+
 def finished(events: list[dict]) -> bool:
     return bool(states(events)) and states(events)[-1] in ("succeeded", "failed", "cancelled")
 

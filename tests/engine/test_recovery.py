@@ -22,7 +22,7 @@ import ray
 from engine.control import EngineClient
 from engine.spec import GRPOConfig, JobSpec, ServiceConfig
 from engine.workers import faults
-from tests.engine.service_helpers import finished, metrics, pause_after_step, states, wait_for
+from tests.engine.service_helpers import finished, metrics, pause_after_step, states, usage_device_s, wait_for
 
 # seed 0: every step has groups with mixed rewards, so every step trains (a resumed job must have
 # its weights and optimizer state back to learn the same)
@@ -330,9 +330,8 @@ def test_a_restarted_scheduler_has_the_tenants_weights_budgets_and_priorities_ba
     assert ray.get(scheduler.tenant.remote("acme"))["weight"] == 3.0
     assert ray.get(scheduler.priority.remote("rec-tenant")) == 2.0
     def used_since(t: float) -> tuple[float, float]:  # device-seconds of the calls that ended after t, the largest
-        usage = [e["data"] for e in events if e["kind"] == "usage" and e["data"]["end"] > t]
-        return (sum(u["devices"] * (u["end"] - u["start"]) for u in usage),
-                max((u["devices"] * (u["end"] - u["start"]) for u in usage), default=0.0))
+        spent = usage_device_s([e for e in events if e["kind"] == "usage" and e["data"]["end"] > t])
+        return sum(spent), max(spent, default=0.0)
 
     (most, one_call), (least, _) = used_since(sent_at), used_since(pushed_by)
     assert most > 0

@@ -14,7 +14,7 @@ from engine.control import EngineClient
 from engine.errors import SessionClosed, SpecError, UnknownJob
 from engine.paths import events_path
 from engine.spec import GRPOConfig, JobSpec, ServiceConfig
-from tests.engine.service_helpers import finished, metrics, states, wait_for
+from tests.engine.service_helpers import finished, metrics, states, usage_device_s, wait_for
 
 SPEC = JobSpec(task="arith", model="tiny-arith", steps=3, seed=3, rollout="torch", trainer="torch",
                # temperature 1: on the weak test model, 3 steps of 8 prompts at the default 0.6 can
@@ -96,11 +96,6 @@ def test_pause_holds_the_job_and_resume_finishes_it_with_the_same_metrics(engine
     assert metrics(events) == metrics(plain_run)  # pausing changed nothing the job learned
     # the groups svc-plain left idle, reused: not new ones of the same kind
     assert {e["data"]["wpg"] for e in events if e["kind"] == "usage"} == {"torch-rollout", "torch-train"}
-
-
-def usage_device_s(events: list[dict]) -> list[float]:
-    """Device-seconds of each usage record: one per worker group a call held."""
-    return [e["data"]["devices"] * (e["data"]["end"] - e["data"]["start"]) for e in events if e["kind"] == "usage"]
 
 
 def call_device_s(events: list[dict]) -> list[float]:
