@@ -296,7 +296,10 @@ class EngineService:
             group.shutdown()
         for group in groups:
             for rank in range(len(group.ranks)):
-                _wait_name_free(f"wpg:{group.name}:{rank}")
+                try:
+                    _wait_name_free(f"wpg:{group.name}:{rank}")
+                except TimeoutError as exc:  # killed, but Ray has not seen it die yet (a loaded node)
+                    _log.warning("engine: releasing %s: %s", group.name, exc)
         deadline = time.monotonic() + RELEASE_WAIT_S
         while time.monotonic() < deadline:
             now = ray_free_devices()
@@ -699,36 +702,50 @@ class EngineService:
     def _watch(self) -> None:
         """Notice drivers that end: success and failure are logged by the driver itself; a driver that
         died (killed, out of memory, its node lost) is logged here as failed. While jobs wait, look
-        for room again every ``ADMIT_EVERY_S``."""
-        last_admit = 0.0
+        for room again every ``ADMIT_EVERY_S``; release groups idle ``idle_release_s``. An error in
+        one pass (a Ray call that timed out under load, a bug) is logged, and the next pass goes on:
+        a watch that ended would leave every waiting job queued for good and no driver's end seen."""
+        last_admit = [0.0]
         while True:
-            with self.lock:
-                pending = {ref: job for job, ref in self.runs.items()
-                           if job not in self.cancelling and job not in self.replacing}
-                if self.waiting and time.monotonic() - last_admit > ADMIT_EVERY_S:
-                    last_admit = time.monotonic()
-                    try:
-                        self._admit()  # slots may have freed outside the engine (another actor ended)
-                    except Exception as exc:  # a group that failed to start: the job waits, the watch goes on
-                        _log.warning("engine: admitting %s: %s", self.waiting[0], fault_reason(exc))
-                if self.config.idle_release_s is not None and not self.closing:
-                    self._release_idle()
-            if not pending:
-                time.sleep(0.2)
-                continue
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
-            for ref in ready:
-                job = pending[ref]
+            try:
+                self._watch_pass(last_admit)
+            except Exception:
+                _log.exception("engine: the watch's pass failed; the next one goes on")
+                time.sleep(0.5)
+
+    def _watch_pass(self, last_admit: list[float]) -> None:
+        """One pass of ``_watch``; ``last_admit``: when it last admitted (monotonic), kept across passes."""
+        from engine.workers import faults
+
+        faults.check(self.data_dir, "watch")
+        with self.lock:
+            pending = {ref: job for job, ref in self.runs.items()
+                       if job not in self.cancelling and job not in self.replacing}
+            if self.waiting and time.monotonic() - last_admit[0] > ADMIT_EVERY_S:
+                last_admit[0] = time.monotonic()
                 try:
-                    ray.get(ref)
-                    self._finish(job, None)
-                except Exception as exc:  # a driver that ends badly: recovered, or a failed job
-                    if job in self.cancelling or self.runs.get(job) != ref:
-                        continue
-                    if is_engine_fault(exc):  # it died, or something under it did
-                        self._recover(job, exc, ref)
-                    else:
-                        self._finish(job, {"state": "failed", "reason": f"driver ended: {type(exc).__name__}"})
+                    self._admit()  # slots may have freed outside the engine (another actor ended)
+                except Exception as exc:  # a group that failed to start: the job waits, the watch goes on
+                    _log.warning("engine: admitting %s: %s", self.waiting[0], fault_reason(exc))
+            if self.config.idle_release_s is not None and not self.closing:
+                self._release_idle()
+        if not pending:
+            time.sleep(0.2)
+            return
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+        for ref in ready:
+            job = pending[ref]
+            try:
+                ray.get(ref)
+            except Exception as exc:  # a driver that ends badly: recovered, or a failed job
+                if job in self.cancelling or self.runs.get(job) != ref:
+                    continue
+                if is_engine_fault(exc):  # it died, or something under it did
+                    self._recover(job, exc, ref)
+                else:
+                    self._finish(job, {"state": "failed", "reason": f"driver ended: {type(exc).__name__}"})
+                continue
+            self._finish(job, None)
 
     # -- recovery -----------------------------------------------------------------------------------
     def _adopt_unfinished(self) -> None:

@@ -44,3 +44,14 @@ def test_unknown_sites_are_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown fail point 'disk'"):
         faults.arm(tmp_path, "disk")
     faults.check(None, "rank", job="a")  # no data dir: nothing to check
+
+
+def test_a_fault_armed_to_raise_raises_on_its_nth_pass_once_and_kills_nothing(tmp_path):
+    faults.arm(tmp_path, "watch", nth=2, action="raise")
+    faults.check(tmp_path, "watch")  # the first pass
+    with pytest.raises(faults.InjectedFault, match="fail point 'watch'"):
+        faults.check(tmp_path, "watch")
+    assert faults.tripped(tmp_path, "watch")
+    faults.check(tmp_path, "watch")  # once: the next pass goes through
+    with pytest.raises(ValueError, match="unknown fault action 'hang'; known: kill, raise"):
+        faults.arm(tmp_path, "watch", action="hang")

@@ -125,6 +125,33 @@ def test_shared_groups_are_released_once_idle_for_the_configured_time(ray_engine
         client.shutdown()
 
 
+def test_an_error_in_one_pass_of_the_watch_does_not_end_it(ray_engine, plexrl_home, tiny_model_dir):
+    # room for one pair of groups and one job on it: the second job waits until the watch sees the
+    # first one's driver end and admits it. The watch's first pass after arming raises (a Ray call
+    # that timed out under load did so in CI): a watch that ended there would never see that end,
+    # and the second job would stay queued for good
+    from engine.workers import faults
+
+    size = settled_free_slots() / 2
+    client = EngineClient(data_dir=plexrl_home, config=ServiceConfig(devices_per_group=size, threads=1,
+                                                                     job_demand=1.0))
+    try:
+        faults.arm(plexrl_home, "watch", action="raise")
+        deadline = time.monotonic() + 30
+        while not faults.tripped(plexrl_home, "watch") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert faults.tripped(plexrl_home, "watch")
+        assert client.submit_job("watch-a", SPEC)["active"]
+        waits = client.submit_job("watch-b", dataclasses.replace(SPEC, seed=6))
+        assert (waits["active"], waits["position"]) == (False, 1)
+        runs = {job: wait_for(client, job, finished) for job in ("watch-a", "watch-b")}
+        assert [states(ev)[-1] for ev in runs.values()] == ["succeeded", "succeeded"]
+        assert states(runs["watch-b"])[:2] == ["queued", "running"]
+    finally:
+        faults.disarm(plexrl_home, "watch")
+        client.shutdown()
+
+
 def test_a_jobs_new_groups_start_at_once(ray_engine, plexrl_home, tiny_model_dir):
     # serially, a job's train group would start only once its rollout group was up: their
     # start-ups (begin: up_s ago, for start_s) would not overlap
