@@ -33,10 +33,10 @@ $(STAMP): pyproject.toml constraints.txt clients/python/pyproject.toml
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-# Two workers (pytest-xdist): the engine's tests and the platform's side by side (tests/conftest.py
-# splits them; see the README). `.venv/bin/pytest` alone runs them in one process.
+# One process. `.venv/bin/pytest -n 2` runs the engine's tests and the platform's side by side
+# (tests/conftest.py splits them); on 2 cores it saves little (see the README).
 test: install
-	$(VENV)/bin/pytest -n 2
+	$(VENV)/bin/pytest
 
 demo: install
 	$(VENV)/bin/plexrl demo
