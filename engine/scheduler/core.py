@@ -19,7 +19,11 @@ Rules (docs/architecture.md §4):
   ``weight * priority * (wait + exec + setup) / (exec + setup)``, where weight is the tenant's,
   priority the job's (``set_priority``: 0.5 low, 1 normal, 2 high), exec the job's online estimate
   for that function and setup the estimated switch cost on each WPG where the job's state is not
-  resident. Ties: the call needing fewer switches, then the older call.
+  resident. Ties: the call needing fewer switches, then the older call. With
+  ``idle_partner_factor`` (1: off, the default), a call whose job's other WPGs (``set_partners``:
+  its rollout and train WPGs) all run nothing has its ratio scaled by it: those WPGs idle until
+  its job comes back to them, so the job whose other side waits on it goes first (the simulator's
+  ``sim_wpg_shapes`` benchmark measures it; the README has what it gave).
 - Fair share: tenants contending for a WPG get its time in proportion to their weights. Per
   (tenant, WPG) a virtual time counts the seconds the tenant's calls held the WPG over its weight
   (charged as calls complete). A call whose tenant's virtual time on one of its WPGs runs more than
@@ -74,6 +78,7 @@ class Policy:
     max_start_delay_s: float = 1.0  # the most a step is held back to keep its job on its phase
     offset_steps: int = 20  # phase offsets micro-shift tries per period
     share_quantum_s: float = 1.0  # how far (WPG seconds over weight) a tenant may run ahead of its share
+    idle_partner_factor: float = 1.0  # on a call's ratio while its job's other WPGs (``set_partners``) all idle
 
 
 @dataclass(slots=True)
@@ -214,6 +219,7 @@ class Scheduler:
         self.aligner = Aligner(profile_steps=self.policy.profile_steps, max_delay_s=self.policy.max_start_delay_s,
                                offset_steps=self.policy.offset_steps)
         self.not_before: dict[str, float] = {}  # job -> when its held-back step may start
+        self.partners: dict[str, tuple[str, ...]] = {}  # job -> every WPG it runs on (``set_partners``)
 
     # -- inputs ---------------------------------------------------------------------------------
     def add_wpg(self, name: str, *, devices: float = 1.0, capacity: int = 0, kind: str = "both") -> None:
@@ -318,6 +324,12 @@ class Scheduler:
         if not (factor > 0 and math.isfinite(factor)):
             raise ValueError(f"a job priority must be a finite number > 0, got {factor!r}")
         self.priorities[job] = float(factor)
+
+    def set_partners(self, job: str, wpgs: tuple[str, ...]) -> None:
+        """The WPGs ``job`` is placed on (its rollout and train WPGs). While every one of them that a
+        call of it does not occupy runs nothing, the call's ratio is scaled by
+        ``policy.idle_partner_factor``: its job holds those idle until the call is done."""
+        self.partners[job] = tuple(wpgs)
 
     def set_budget(self, tenant: str, device_seconds: float | None) -> None:
         """From now on ``tenant`` may use ``device_seconds`` more (None: no limit); see Budgets."""
@@ -457,7 +469,12 @@ class Scheduler:
         if now - call.submitted >= self.policy.max_wait_s:
             return (0, call.submitted, call.id)
         seconds, switches = setup
-        return (1, call.id in beyond, -self.ratio(call, now, seconds), len(switches), call.id)
+        ratio = self.ratio(call, now, seconds)
+        if self.policy.idle_partner_factor != 1.0:
+            others = [w for w in self.partners.get(call.job, ()) if w not in call.wpgs]
+            if others and all(w in self._free for w in others):
+                ratio *= self.policy.idle_partner_factor
+        return (1, call.id in beyond, -ratio, len(switches), call.id)
 
     def _fair_share(self, candidates: list[Call]) -> set[int]:
         """The candidates whose tenant is past its share on one of their WPGs (see Fair share).
@@ -602,5 +619,6 @@ class Scheduler:
         self.not_before.pop(job, None)
         self.paused.discard(job)
         self.priorities.pop(job, None)
+        self.partners.pop(job, None)
         for cost in [k for k in self.switch_costs if k[0][0] == job]:
             del self.switch_costs[cost]

@@ -785,6 +785,7 @@ class ClusterSimulation(PoolSimulation):
             pool.scheduler.add_wpg(slot.name, devices=len(slot.devices), capacity=slot.capacity, kind=slot.kind)
 
     def _costs(self, r: _Running) -> None:
+        r.pool.scheduler.set_partners(r.job.id, (*r.rollout, r.train))
         for (role, kind), seconds in r.job.switch_s.items():
             for name in (r.rollout if kind == "rollout" else (r.train,)):
                 r.pool.scheduler.set_switch_cost((r.job.id, role), name, seconds)

@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/bench/sim_wpg_shapes.py [--gpus 512] [--jobs 250] [--seed 0] [--json]
                                                   [--admission PARAM=VALUE ...] [--sync host|gang]
+                                                  [--partner-factor F]
 
 Runs ``paper-math-backlog`` (its arrival rate per GPU, scaled to ``--gpus``, as
 ``tests/bench/sim_sweep.py`` does) under isolated split and under ``plexrl_backfill``, and prints
@@ -9,8 +10,9 @@ for the shared run: completion over isolated, held device-hours over the work fl
 busy fraction (its share of the work floor over the device-seconds its WPGs were held), each
 side's share of the held devices, and, time-weighted by devices while jobs waited (the backlog),
 the jobs per WPG (mean and histogram) and the WPGs' load; and the jobs' measured demands
-(medians). The README's held-over-floor bound for jobs in pairs is worked from these figures. A
-benchmark: it prints a table (or JSON) and asserts nothing.
+(medians). The README's held-over-floor bound for jobs in pairs is worked from these figures.
+``--partner-factor``: the scheduler's ``idle_partner_factor`` (a call whose job's other WPGs idle
+goes first). A benchmark: it prints a table (or JSON) and asserts nothing.
 """
 
 from __future__ import annotations
@@ -79,8 +81,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sync", choices=("host", "gang"), default="host")
     ap.add_argument("--admission", action="append", default=[], metavar="PARAM=VALUE")
+    ap.add_argument("--partner-factor", type=float, default=1.0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if not args.partner_factor > 0:
+        print(f"--partner-factor must be > 0, got {args.partner_factor}", file=sys.stderr)
+        return 2
     w = dataclasses.replace(BASE, gpus=args.gpus, arrivals_per_s=BASE.arrivals_per_s / BASE.gpus * args.gpus)
     plans = plan_all(w, generate_jobs(w, args.jobs, args.seed))
     isolated = summarise(run_mode("isolated_split", w, plans), plans)
@@ -92,7 +98,10 @@ def main() -> int:
         return 2
     groups = admission.pop("groups_per_domain", None)
     placer = Placer(cluster_domains(w, groups), sim_admission(w, "plexrl_backfill", **admission))
-    sim = ShapeWatch("plexrl_backfill", workload_costs(w), placer, sync=args.sync)
+    costs = workload_costs(w)
+    policy = dataclasses.replace(costs.policy, idle_partner_factor=args.partner_factor)
+    costs = dataclasses.replace(costs, policy=policy)
+    sim = ShapeWatch("plexrl_backfill", costs, placer, sync=args.sync)
     shared = summarise(sim.run([workload_job(w, p) for p in plans]), plans)
 
     floor = {"rollout": sum(p.cls.replica_gpus * p.rollout_s.sum() for p in plans),
@@ -100,6 +109,7 @@ def main() -> int:
     held = sum(sim.held_by_kind.values())
     out = {
         "gpus": args.gpus, "jobs": args.jobs, "seed": args.seed, "sync": args.sync, "admission": args.admission,
+        "partner_factor": args.partner_factor,
         "completion_vs_isolated": shared["total_completion_s"] / isolated["total_completion_s"],
         "held_over_floor": shared["held_device_hours"] / shared["work_floor_device_hours"],
         "measured_demand_median": {k: statistics.median(getattr(d, k) for d in sim.demands) for k in KINDS},
@@ -118,7 +128,8 @@ def main() -> int:
         print(json.dumps(out, indent=2))
         return 0
     print(f"paper-math-backlog, {args.gpus} GPUs, {args.jobs} jobs, seed {args.seed}, {args.sync} sync"
-          + (f", {' '.join(args.admission)}" if args.admission else ""))
+          + (f", {' '.join(args.admission)}" if args.admission else "")
+          + (f", partner factor {args.partner_factor:g}" if args.partner_factor != 1.0 else ""))
     print(f"completion / isolated {out['completion_vs_isolated']:.3f}   held / floor {out['held_over_floor']:.3f}")
     print(f"{'side':<9}{'busy':>7}{'held':>7}{'demand':>8}{'jobs/WPG':>10}{'load':>7}   jobs per WPG (share of time)")
     for kind in KINDS:

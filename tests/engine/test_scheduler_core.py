@@ -147,6 +147,21 @@ def test_equal_ratio_goes_to_fewer_switches_then_older_call():
     assert b.id in s2.queue
 
 
+def test_with_an_idle_partner_factor_the_call_whose_jobs_other_wpgs_idle_goes_first():
+    def first(factor: float) -> str:
+        s = scheduler("train", "r-a", "r-b", policy=Policy(max_wait_s=FAR, idle_partner_factor=factor))
+        s.set_partners("a", ("r-a", "train"))
+        s.set_partners("b", ("r-b", "train"))
+        busy = s.submit("other", "actor", "generate", ("r-b",), 0.0)  # b's rollout WPG is busy
+        assert started(s.decide(0.0)) == [busy.id]
+        s.submit("a", "actor", "forward_backward", ("train",), 1.0)  # a's rollout WPG idles
+        s.submit("b", "actor", "forward_backward", ("train",), 0.5)  # older: the higher ratio
+        return next(d.call.job for d in s.decide(2.0) if isinstance(d, Dispatch))
+
+    assert first(1.0) == "b"
+    assert first(10.0) == "a"
+
+
 def test_tenant_weight_changes_the_order():
     def first_started(weight: float | None) -> str:
         s = scheduler("w")
