@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml constraints.txt clients/python/pyproject.toml
 	touch $(STAMP)
 
 # One process. `.venv/bin/pytest -n 2` runs the engine's tests and the platform's side by side
-# (tests/conftest.py splits them); on 2 cores it saves little (see the README).
+# (tests/conftest.py splits them): about a quarter faster on 2 cores, not the default (see the README).
 test: install
 	$(VENV)/bin/pytest
 
