@@ -10,8 +10,9 @@ def pytest_xdist_make_scheduler(config, log):
     Redis or Celery) in one worker, everything else (PostgreSQL, Redis, Celery, the browser, and the
     jobs they run) in the other, each in its usual order. The halves take about as long, and
     neither keeps this machine's two CPUs busy alone (the platform's tests wait on servers and
-    workers most of the time), so side by side they end far sooner than one after the other. Each
-    worker has its own session fixtures (its own Ray instance, its own test database).
+    workers most of the time), so side by side they end sooner than one after the other (about a
+    quarter, on 2 cores: the README has the runs). Each worker has its own session fixtures (its
+    own Ray instance, its own test database).
 
     Items are handed out by index, not node id: schemathesis's generated tests (one per API
     operation) share one node id under pytest 9, and xdist's own schedulers, which key on node ids,

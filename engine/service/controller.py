@@ -52,6 +52,7 @@ from engine.service.tenants import TenantBook
 from engine.spec import SESSION, JobSpec, ServiceConfig, check_job_id, priority_factor
 from engine.support.atomic_json import write_json
 from engine.support.local_node import here
+from engine.workers import faults
 
 _log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class EngineService:
         self.idle_since: dict[str, float] = {}  # group name -> since when no running job uses it
         self.held_device_s = 0.0  # device-seconds of the groups released so far, idle time included
         self.resuming: set[str] = set()  # waiting jobs whose driver resumes from their log (restart, drain)
+        self.admitted_at = 0.0  # when the watch last looked for room for waiting jobs (monotonic)
         # nodes an admin drained: no group is placed there (kept across a restart of the service)
         drained = self.data_dir / DRAINED_FILE
         self.draining: set[str] = set(json.loads(drained.read_text())) if drained.is_file() else set()
@@ -705,24 +707,21 @@ class EngineService:
         for room again every ``ADMIT_EVERY_S``; release groups idle ``idle_release_s``. An error in
         one pass (a Ray call that timed out under load, a bug) is logged, and the next pass goes on:
         a watch that ended would leave every waiting job queued for good and no driver's end seen."""
-        last_admit = [0.0]
         while True:
             try:
-                self._watch_pass(last_admit)
+                self._watch_pass()
             except Exception:
                 _log.exception("engine: the watch's pass failed; the next one goes on")
                 time.sleep(0.5)
 
-    def _watch_pass(self, last_admit: list[float]) -> None:
-        """One pass of ``_watch``; ``last_admit``: when it last admitted (monotonic), kept across passes."""
-        from engine.workers import faults
-
+    def _watch_pass(self) -> None:
+        """One pass of ``_watch``."""
         faults.check(self.data_dir, "watch")
         with self.lock:
             pending = {ref: job for job, ref in self.runs.items()
                        if job not in self.cancelling and job not in self.replacing}
-            if self.waiting and time.monotonic() - last_admit[0] > ADMIT_EVERY_S:
-                last_admit[0] = time.monotonic()
+            if self.waiting and time.monotonic() - self.admitted_at > ADMIT_EVERY_S:
+                self.admitted_at = time.monotonic()
                 try:
                     self._admit()  # slots may have freed outside the engine (another actor ended)
                 except Exception as exc:  # a group that failed to start: the job waits, the watch goes on
