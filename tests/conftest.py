@@ -4,6 +4,14 @@ from pathlib import Path
 
 import pytest
 
+# The machine's CPU-seconds per test and for the whole run, in every run's summary.
+from tests.cpu_report import (  # noqa: F401 (hooks of this conftest)
+    pytest_addoption,
+    pytest_configure,
+    pytest_runtest_protocol,
+    pytest_terminal_summary,
+)
+
 
 def pytest_xdist_make_scheduler(config, log):
     """Two streams for ``pytest -n 2``: the engine's tests (Ray, models; no database,
