@@ -33,7 +33,7 @@ from typing import Any
 from engine.accounting.estimate import estimate
 from engine.accounting.metering import LedgerTotals, ledger_totals, record_rows, savings_of_rows, savings_of_totals
 from engine.errors import SessionClosed, SessionPending, UnknownJob, UnknownService
-from engine.models import PRESETS, is_model_dir, preset_dir, resolve_model
+from engine.models import PRESETS, build_presets, is_model_dir, preset_dir, resolve_model
 from engine.models.check import BACKEND_ARCHITECTURES, check_model_folder, configuration_problem
 from engine.models.check import file_problem as model_file_problem
 from engine.paths import plexrl_home
@@ -57,6 +57,7 @@ __all__ = [  # what the control plane uses, besides EngineClient
     "EngineClient",
     "LedgerTotals",
     "ServiceConfig",
+    "build_presets",
     "check_model_folder",
     "configuration_problem",
     "estimate",

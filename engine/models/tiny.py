@@ -147,8 +147,9 @@ def greedy_eval(model, tokenizer, problems: list[Problem], max_tokens: int = 8, 
     return metrics
 
 
-def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False) -> dict:
-    """Build the preset deterministically into ``out`` (atomically: a half-built folder never shows)."""
+def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False, position: int = 0) -> dict:
+    """Build the preset deterministically into ``out`` (atomically: a half-built folder never shows).
+    ``position``: its progress bar's line on a terminal, where several builds show theirs at once."""
     from engine.support.progress import progress_bar
 
     torch.set_num_threads(preset.threads)
@@ -164,7 +165,8 @@ def build_preset(preset: TinyPreset, out: Path, *, progress: bool = False) -> di
     opt = torch.optim.AdamW(model.parameters(), lr=preset.sft_lr, betas=(0.9, 0.98),
                             weight_decay=preset.sft_weight_decay)
     model.train()
-    bar = progress_bar(range(preset.sft_steps), desc=f"build {preset.name}", enabled=progress, unit="step")
+    bar = progress_bar(range(preset.sft_steps), desc=f"build {preset.name}", enabled=progress, unit="step",
+                       position=position)
     loss_value = float("nan")
     for step in bar:
         for group in opt.param_groups:

@@ -307,12 +307,14 @@ def submit_demo_jobs(steps: int | None = None) -> list[int]:
 
 
 def build_missing_presets(names: set[str]) -> None:
-    """Build the model presets the demo needs that ``PLEXRL_HOME`` lacks (once; a few minutes)."""
-    from engine.control import resolve_model
+    """Build the model presets the demo needs that ``PLEXRL_HOME`` lacks (once; a few minutes), side
+    by side (``engine.models.build_presets``)."""
+    from engine.control import build_presets
 
-    for name in missing_presets(names):
-        print(f"PlexRL: building model preset {name!r} (first run only)…", flush=True)
-        resolve_model(name, progress=True)  # builds the missing preset
+    missing = missing_presets(names)
+    if missing:
+        print(f"PlexRL: building model presets {', '.join(map(repr, missing))} (first run only)…", flush=True)
+        build_presets(missing, progress=True)
 
 
 class DemoProgress(threading.Thread):

@@ -1,10 +1,14 @@
-"""The preset's supervised schedule converges: warm-up, a stable peak, and a decay that ends at zero."""
+"""The presets' recipes: a supervised schedule that converges (warm-up, a stable peak, and a decay
+that ends at zero), what they learn, and builds whose bytes do not depend on how they are run."""
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
+import torch
 
 from engine.models.presets import TINY_ARITH
 from engine.models.tiny import lr_at
@@ -72,3 +76,44 @@ def test_a_saved_tokenizer_loads_as_it_was_saved(tmp_path):
     assert loaded.encode("37+45=82") == saved.encode("37+45=82")
     assert loaded.eos_token == "<eos>"
     assert loaded.padding_side == "left"
+
+
+def _short(preset):
+    return dataclasses.replace(preset, sft_steps=20, eval_size=10)
+
+
+def _weights(folder: Path) -> bytes:
+    return (folder / "model.safetensors").read_bytes()
+
+
+def test_a_presets_bytes_do_not_depend_on_how_many_threads_build_it(tmp_path):
+    """What lets ``build_presets`` build several presets side by side on fewer threads each."""
+    from engine.models.presets import TINY_ARITH_TOOLS
+    from engine.models.tiny import build_preset
+
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            build_preset(dataclasses.replace(_short(TINY_ARITH_TOOLS), threads=n), tmp_path / f"threads{n}")
+    finally:
+        torch.set_num_threads(threads)
+    assert _weights(tmp_path / "threads1") == _weights(tmp_path / "threads2")
+
+
+def test_missing_presets_are_built_side_by_side_as_each_would_be_alone(tmp_path, monkeypatch):
+    import engine.models
+    from engine.models.presets import TINY_ARITH_TOOLS
+    from engine.models.tiny import build_preset
+
+    recipes = {p.name: _short(p) for p in (TINY_ARITH, TINY_ARITH_TOOLS)}
+    monkeypatch.setattr(engine.models, "PRESETS", recipes)
+    monkeypatch.setenv("PLEXRL_HOME", str(tmp_path / "home"))
+    assert engine.models.build_presets(["tiny-arith-tools", "tiny-arith", "tiny-arith"]) == sorted(recipes)
+    threads = torch.get_num_threads()
+    try:
+        for name, recipe in recipes.items():  # alone, on the recipe's own threads
+            build_preset(recipe, tmp_path / "alone" / name)
+            assert _weights(engine.models.preset_dir(name)) == _weights(tmp_path / "alone" / name), name
+    finally:
+        torch.set_num_threads(threads)
+    assert engine.models.build_presets(list(recipes)) == []  # built once
