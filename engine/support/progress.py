@@ -60,5 +60,6 @@ def progress_bar(iterable: Iterable | None = None, *, total: float | None = None
         def set_description(self, desc=None, refresh=True):
             super().set_description(desc, refresh=False)
 
+    kwargs.pop("position", None)  # a line on a terminal; in a log it would move the cursor with escapes
     return _LogBar(iterable, total=total, desc=desc, unit=unit, file=_Lines(stream), mininterval=LOG_EVERY_S,
                    maxinterval=LOG_EVERY_S, miniters=1, ascii=True, ncols=100, **kwargs)

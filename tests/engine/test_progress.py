@@ -30,6 +30,25 @@ def test_a_log_gets_whole_lines_not_frames():
     assert all(line.strip() for line in lines)
 
 
+def test_a_bar_placed_on_a_terminals_second_line_writes_plain_lines_in_a_log():
+    """Builds side by side each place their bar on a line of the terminal (``position``); in a log
+    that would be cursor movements, so there each writes plain lines as any other bar."""
+    log = io.StringIO()
+    bar = progress_bar(range(10), desc="build b", unit="step", stream=log, position=1)
+    for _ in bar:
+        pass
+    bar.close()
+    text = log.getvalue()
+    assert "\x1b" not in text
+    assert text.splitlines()[-1].startswith("build b: 100%")
+    terminal = Terminal()
+    bar = progress_bar(range(10), desc="build b", unit="step", stream=terminal, position=1)
+    for _ in bar:
+        pass
+    bar.close()
+    assert "\x1b[A" in terminal.getvalue()  # on a terminal it keeps to its line
+
+
 def test_a_log_gets_a_line_per_interval(monkeypatch):
     monkeypatch.setattr(progress, "LOG_EVERY_S", 0.05)
     log = io.StringIO()
