@@ -33,10 +33,10 @@ $(STAMP): pyproject.toml constraints.txt clients/python/pyproject.toml
 	$(PIP) uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-# One process. `.venv/bin/pytest -n 2` runs the engine's tests and the platform's side by side
-# (tests/conftest.py splits them): about a quarter faster on 2 cores, not the default (see the README).
+# Two workers (pytest-xdist): the engine's tests and the platform's side by side, and a shared tail of
+# modules that need neither (tests/streams.py). `.venv/bin/pytest` alone runs them in one process.
 test: install
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2
 
 demo: install
 	$(VENV)/bin/plexrl demo

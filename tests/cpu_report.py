@@ -3,7 +3,8 @@
 Most of the suite's work runs outside pytest's process (servers, Celery workers, Ray actors,
 ``plexrl`` subprocesses), so a test's cost is read from the machine's counters around it: in one
 process that is the test's own (and whatever it left running); under xdist the other worker's
-share mixes in, so workers report nothing. ``--cpu-report N`` lists the N costliest tests (0: off).
+share mixes in, so workers report nothing and the controller reports the whole run's total.
+``--cpu-report N`` lists the N costliest tests (0: off).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import psutil
 import pytest
 
 _ROWS = pytest.StashKey[list]()  # (node id, machine CPU-seconds, seconds) per test
+_START = pytest.StashKey[tuple]()  # the machine's busy CPU-seconds and the clock when the run began
 
 
 def pytest_addoption(parser):
@@ -31,6 +33,7 @@ def _machine_busy_s() -> float:
 
 def pytest_configure(config):
     config.stash[_ROWS] = []
+    config.stash[_START] = (_machine_busy_s(), time.monotonic())
 
 
 @pytest.hookimpl(wrapper=True)
@@ -44,9 +47,17 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_terminal_summary(terminalreporter, config):
     rows, count = config.stash.get(_ROWS, []), config.getoption("cpu_report")
-    if not rows or count <= 0 or hasattr(config, "workerinput"):
+    if count <= 0 or hasattr(config, "workerinput"):
         return
-    cpu, wall, cpus = sum(r[1] for r in rows), sum(r[2] for r in rows), psutil.cpu_count()
+    cpus = psutil.cpu_count()
+    if not rows:  # xdist's controller: the tests ran in its workers, side by side
+        busy, started = config.stash[_START]
+        cpu, wall = _machine_busy_s() - busy, time.monotonic() - started
+        terminalreporter.write_sep("=", "machine CPU-seconds")
+        terminalreporter.write_line(f"the whole run: {cpu:.0f} CPU-seconds in {wall:.0f} s, the machine's "
+                                    f"{cpus} CPUs busy {cpu / wall / cpus:.2f} of the time")
+        return
+    cpu, wall = sum(r[1] for r in rows), sum(r[2] for r in rows)
     terminalreporter.write_sep("=", f"most machine CPU-seconds while a test ran (top {count})")
     for nodeid, cpu_s, wall_s in sorted(rows, key=lambda r: r[1], reverse=True)[:count]:
         terminalreporter.write_line(f"{cpu_s:8.1f} CPU-s {wall_s:8.1f} s  {nodeid}")

@@ -1,7 +1,10 @@
 """The suite's CPU report (``tests/cpu_report.py``): each test's share of the machine's CPU-seconds
-and the run's total, in the summary of a run in one process, and nothing where it is turned off."""
+and the run's total, in the summary of a run in one process; the whole run's total under xdist;
+nothing where it is turned off."""
 
 import pytest
+
+from tests.engine.repo import REPO
 
 pytest_plugins = ["pytester"]
 
@@ -48,3 +51,16 @@ def test_zero_turns_it_off(inner):
     result = inner.runpytest_inprocess("--cpu-report", "0", *ALONE)
     result.assert_outcomes(passed=2)
     assert not any("machine CPU-seconds" in line for line in result.outlines)
+
+
+def test_a_run_in_workers_reports_the_whole_runs_total(inner):
+    """Under ``-n 2`` the workers' per-test figures would mix both workers' load: the controller
+    reports the whole run instead, at least the CPU-second the spinning test burned."""
+    inner.makeconftest(f'import sys\nsys.path.insert(0, {str(REPO)!r})\npytest_plugins = ["tests.cpu_report"]')
+    result = inner.runpytest_subprocess("-n", "2", *ALONE)
+    result.assert_outcomes(passed=2)
+    line = next(line for line in result.outlines if line.startswith("the whole run: "))
+    cpu_s, wall_s = float(line.split()[3]), float(line.split()[6])
+    assert cpu_s >= 0.95
+    assert wall_s >= 0.95
+    assert not any("while a test ran" in line for line in result.outlines)
