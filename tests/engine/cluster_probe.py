@@ -102,7 +102,7 @@ def local_cluster(*nodes: dict) -> Iterator[tuple[Cluster, list]]:
     ``nodes`` (``Cluster.add_node`` arguments besides one CPU each), this process connected to it
     (namespace "probe": the StateManagers are detached actors); shut down on the way out."""
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     added = [cluster.add_node(num_cpus=1, **node) for node in nodes]
     ray.init(address=cluster.address, log_to_driver=False, namespace="probe")
     try:

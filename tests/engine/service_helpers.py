@@ -64,7 +64,8 @@ def worker_nodes(count: int) -> Iterator[tuple[Any, list[Any]]]:
     from ray.cluster_utils import Cluster
 
     os.environ["RAY_AUTH_MODE"] = "disabled"
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    # no dashboard: its modules cost 2-4 CPU-seconds a cluster, and the tests read the cluster from Ray
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     workers = [cluster.add_node(num_cpus=1, resources={"device": 1}) for _ in range(count)]
     ray.init(address=cluster.address, log_to_driver=False, namespace="plexrl")
     try:
