@@ -60,7 +60,8 @@ class TwoStreamsAndATail(EachScheduling):
 
     def __init__(self, config, log=None) -> None:
         super().__init__(config, log)
-        self.tail: list[list[int]] | None = None
+        self.streams: list[list[int]] = []  # worker i's own items (indices), for the first workers
+        self.tail: list[list[int]] | None = None  # the floating modules not taken yet
 
     @property
     def tests_finished(self) -> bool:
@@ -72,6 +73,10 @@ class TwoStreamsAndATail(EachScheduling):
 
     def schedule(self) -> None:
         assert self.collection_is_completed
+        if self.tail is None:  # every worker collected the same run's items: split them once
+            engine, rest, self.tail = split(next(iter(self.node2collection.values())))
+            # -n 1: one stream of everything, in the collection's order
+            self.streams = [sorted(engine + rest)] if self.numnodes == 1 else [engine, rest]
         for i, (node, pending) in enumerate(self.node2pending.items()):
             if node in self._started:
                 continue
@@ -79,12 +84,7 @@ class TwoStreamsAndATail(EachScheduling):
             if pending:  # a replacement: the dead worker's rest
                 node.send_runtest_some(pending)
                 continue
-            engine, rest, tail = split(self.node2collection[node])
-            if self.tail is None:
-                self.tail = tail
-            if self.numnodes == 1:  # -n 1: one stream of everything, in the collection's order
-                engine, rest = sorted(engine + rest), []
-            pending[:] = [engine, rest][i] if i < 2 else []  # a third worker and on: the tail only
+            pending[:] = self.streams[i] if i < len(self.streams) else []  # a third worker on: the tail only
             if pending:
                 node.send_runtest_some(pending)
             self._top_up(node)

@@ -59,10 +59,10 @@ def build_presets(names: list[str] | set[str], *, progress: bool = False) -> lis
     missing = sorted(name for name in set(names) if name in PRESETS and not is_model_dir(preset_dir(name)))
     if not missing:
         return []
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if len(missing) == 1:
         _build_one(PRESETS[missing[0]], preset_dir(missing[0]), progress, 0)
         return missing
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     share = max(1, cpus // len(missing))
     recipes = [dataclasses.replace(PRESETS[name], threads=min(share, PRESETS[name].threads)) for name in missing]
     # spawn: a fresh interpreter each (no fork of a process that may hold threads, Django or Ray)
